@@ -1,0 +1,133 @@
+"""Shared fixtures: a real Tether server on an ephemeral port, and clients for it.
+
+Anything about live streams, disconnects and cancellation goes through a real uvicorn socket:
+in-process ASGI test clients buffer whole bodies and hide exactly those bugs. The server runs
+in its own thread with its own event loop, as it would in its own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from tether.agent import Agent
+from tether.demo import build_demo_agent
+from tether.server import create_app
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class LiveServer:
+    """A uvicorn server running ``create_app(agent, db_url)`` in a background thread."""
+
+    def __init__(self, agent: Agent, db_url: str) -> None:
+        self.agent = agent
+        self.db_url = db_url
+        self.app = create_app(agent, db_url)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="tether-test-server", daemon=True)
+        self.url = ""
+
+    def start(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("test server did not start")
+            time.sleep(0.01)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=20)
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'tether.db'}"
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return sqlite_url(tmp_path)
+
+
+@pytest.fixture
+def server(db_url: str) -> Iterator[LiveServer]:
+    """The demo agent (scripted model) served on a fresh SQLite database."""
+    live = LiveServer(build_demo_agent(), db_url).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """``tether demo`` in a child process (for tests that kill the server)."""
+
+    def __init__(self, db_url: str, log_path: Path) -> None:
+        self.db_url = db_url
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServerProcess:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tether.cli", "demo", "--port", str(self.port), "--db", self.db_url, "--log-level", "warning"],
+            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server process did not become healthy")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def script(*steps: dict[str, Any]) -> str:
+    """A user message that makes ScriptedModel play ``steps`` (one per model call)."""
+    return json.dumps({"script": list(steps)})

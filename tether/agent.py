@@ -1,0 +1,48 @@
+"""``Agent``: what an agent author writes — a model, tools and a system prompt."""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Sequence
+
+from .models import Model, ToolSpec
+from .tools import Tool
+
+__all__ = ["Agent"]
+
+
+class Agent:
+    """A tool-using agent served by Tether.
+
+    ``on_startup`` is awaited once when a server starts, with the server's store, so an agent can
+    set up what its tools need (the demo shop creates its effects table there). ``routes`` are
+    extra Starlette routes mounted next to the API (the demo's ``/v1/demo/effects``).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        tools: Sequence[Tool] = (),
+        *,
+        system_prompt: str = "You are a helpful assistant.",
+        name: str = "agent",
+        max_steps: int = 25,
+        on_startup: Callable[[Any], Awaitable[None]] | None = None,
+        routes: Sequence[Any] = (),
+    ) -> None:
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate tool names in {names}")
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise TypeError(f"{t!r} is not a Tool; decorate it with @tool")
+        self.model = model
+        self.tools: dict[str, Tool] = {t.name: t for t in tools}
+        self.system_prompt = system_prompt
+        self.name = name
+        self.max_steps = max_steps
+        self.on_startup = on_startup
+        self.routes = list(routes)
+
+    def tool_specs(self) -> list[ToolSpec]:
+        """The tools as the model sees them."""
+        return [ToolSpec(t.name, t.description, t.json_schema()) for t in self.tools.values()]

@@ -1,0 +1,165 @@
+"""``tether.client``: an async Python client for a Tether server.
+
+:meth:`AsyncClient.stream` is the part that matters: it follows a run's events over SSE and,
+when the connection drops, reconnects with ``Last-Event-ID`` = the last seq it yielded, with
+backoff, so the caller sees every event exactly once and in order, ending with the terminal
+event. Dropping the connection is only a transport matter: it never cancels the run. Stopping
+a run is the explicit :meth:`AsyncClient.cancel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from types import TracebackType
+from typing import Any, AsyncIterator
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from .errors import TetherError
+from .events import Envelope
+
+__all__ = ["AsyncClient", "APIError"]
+
+
+class APIError(TetherError):
+    """An error response from the server (``status`` and the server's ``code``)."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(message, code=code, details=details)
+        self.status = status
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        error = response.json()["error"]
+        code, message, details = error["code"], error["message"], error.get("details")
+    except (ValueError, KeyError, TypeError):
+        code, message, details = "http_error", response.text[:500], None
+    raise APIError(response.status_code, code, message, details)
+
+
+class AsyncClient:
+    """Talks to a Tether server over HTTP."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        max_backoff: float = 5.0,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+        self._max_backoff = max_backoff
+        #: How many times :meth:`stream` reconnected, over this client's life.
+        self.reconnects = 0
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _json(self, method: str, url: str, **kwargs: Any) -> Any:
+        response = await self._http.request(method, url, **kwargs)
+        _raise_for(response)
+        return response.json()
+
+    # -- threads ---------------------------------------------------------------------------
+
+    async def create_thread(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create a thread."""
+        return await self._json("POST", "/v1/threads", json={"metadata": metadata or {}})  # type: ignore[no-any-return]
+
+    async def get_thread(self, thread_id: str) -> dict[str, Any]:
+        """Read a thread (with ``active_run_id``)."""
+        return await self._json("GET", f"/v1/threads/{thread_id}")  # type: ignore[no-any-return]
+
+    async def list_threads(self) -> list[dict[str, Any]]:
+        """The caller's threads, newest first."""
+        return (await self._json("GET", "/v1/threads"))["items"]  # type: ignore[no-any-return]
+
+    async def messages(self, thread_id: str, *, view: str = "path") -> list[dict[str, Any]]:
+        """The thread's active path (``view="path"``) or whole tree (``"tree"``)."""
+        return (await self._json("GET", f"/v1/threads/{thread_id}/messages", params={"view": view}))["items"]  # type: ignore[no-any-return]
+
+    # -- runs ------------------------------------------------------------------------------
+
+    async def start_run(
+        self, thread_id: str, content: str, *, parent_id: str | None = None, config: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Start a run; returns the run (status ``queued`` or later)."""
+        body: dict[str, Any] = {"input": {"content": content}}
+        if parent_id is not None:
+            body["parent_id"] = parent_id
+        if config:
+            body["config"] = config
+        return await self._json("POST", f"/v1/threads/{thread_id}/runs", json=body)  # type: ignore[no-any-return]
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        """Read a run."""
+        return await self._json("GET", f"/v1/runs/{run_id}")  # type: ignore[no-any-return]
+
+    async def cancel(self, run_id: str, mode: str = "soft", reason: str | None = None) -> dict[str, Any]:
+        """Explicitly cancel a run (``soft``: let a running tool finish; ``hard``: stop it too)."""
+        body: dict[str, Any] = {"mode": mode}
+        if reason is not None:
+            body["reason"] = reason
+        return await self._json("POST", f"/v1/runs/{run_id}/cancel", json=body)  # type: ignore[no-any-return]
+
+    async def events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[Envelope]:
+        """One JSON page of a run's stored events."""
+        page = await self._json("GET", f"/v1/runs/{run_id}/events", params={"after_seq": after_seq, "limit": limit})
+        return [Envelope.model_validate(item) for item in page["items"]]
+
+    async def stream(self, run_id: str, *, after_seq: int = 0) -> AsyncIterator[Envelope]:
+        """Yield the run's events with ``seq > after_seq``, in order, each once, through the
+        terminal event; reconnects from the last yielded seq whenever the connection drops."""
+        last = after_seq
+        backoff = 0.05
+        while True:
+            try:
+                async with aconnect_sse(
+                    self._http,
+                    "GET",
+                    f"/v1/runs/{run_id}/events",
+                    headers={"Last-Event-ID": str(last)},
+                    timeout=httpx.Timeout(self._http.timeout.connect, read=60.0),
+                ) as source:
+                    if not source.response.is_success:
+                        await source.response.aread()
+                        _raise_for(source.response)
+                    async for sse in source.aiter_sse():
+                        if sse.event in ("", "message") and not sse.data:
+                            continue
+                        envelope = Envelope.from_json(sse.data)
+                        if envelope.seq <= last:
+                            continue  # already yielded (never happens with a correct server)
+                        if envelope.seq != last + 1:
+                            raise TetherError(f"gap in run {run_id}: expected seq {last + 1}, got {envelope.seq}", code="stream_gap")
+                        last = envelope.seq
+                        backoff = 0.05
+                        yield envelope
+                        if envelope.terminal:
+                            return
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                pass  # a dropped connection: reconnect below
+            # The stream ended without a terminal event (server restart, proxy cut): catch up.
+            self.reconnects += 1
+            await asyncio.sleep(backoff * (1 + random.random() * 0.2))
+            backoff = min(backoff * 2, self._max_backoff)
+
+    async def wait_for_run(self, run_id: str) -> dict[str, Any]:
+        """Follow the run to its end and return it."""
+        async for _ in self.stream(run_id):
+            pass
+        return await self.get_run(run_id)

@@ -1,0 +1,114 @@
+"""Tether's errors: one hierarchy, each with a stable machine-readable ``code``.
+
+::
+
+    TetherError
+    ├── NotFound            a thread, run, message or interrupt does not exist (for you)
+    ├── InvalidRequest      input that fails validation (``details`` says where)
+    ├── Conflict            the request does not fit the current state
+    │   ├── ThreadBusy          another run of the thread is not terminal
+    │   ├── RunNotActive        the run is already terminal
+    │   └── InterruptResolved   someone else already decided
+    ├── Gone
+    │   └── InterruptExpired    the approval window closed; nothing can execute now
+    ├── Forbidden           the caller may not do this
+    └── ModelError          the model provider failed
+
+The HTTP status for each lives in one place, the server's error handler; the core never speaks
+HTTP. A rejected approval is an event, not an exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "TetherError",
+    "NotFound",
+    "InvalidRequest",
+    "Conflict",
+    "ThreadBusy",
+    "RunNotActive",
+    "InterruptResolved",
+    "Gone",
+    "InterruptExpired",
+    "Forbidden",
+    "ModelError",
+]
+
+
+class TetherError(Exception):
+    """Base of every error Tether raises on purpose."""
+
+    code = "tether_error"
+
+    def __init__(self, message: str, *, code: str | None = None, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details = details
+
+
+class NotFound(TetherError):
+    """A resource does not exist, or is not visible to the caller."""
+
+    code = "not_found"
+
+
+class InvalidRequest(TetherError):
+    """The request is well-formed JSON but its content is not acceptable."""
+
+    code = "invalid_request"
+
+
+class Conflict(TetherError):
+    """The request conflicts with the current state of a resource."""
+
+    code = "conflict"
+
+
+class ThreadBusy(Conflict):
+    """The thread already has a run that is not terminal."""
+
+    code = "thread_busy"
+
+
+class RunNotActive(Conflict):
+    """The run is terminal (or not in the state the request needs)."""
+
+    code = "run_not_active"
+
+
+class InterruptResolved(Conflict):
+    """The interrupt was already resolved or cancelled."""
+
+    code = "interrupt_resolved"
+
+
+class Gone(TetherError):
+    """The resource existed but can no longer be acted on."""
+
+    code = "gone"
+
+
+class InterruptExpired(Gone):
+    """The interrupt expired; its actions were rejected and can never run."""
+
+    code = "interrupt_expired"
+
+
+class Forbidden(TetherError):
+    """The caller is not allowed to do this."""
+
+    code = "forbidden"
+
+
+class ModelError(TetherError):
+    """The model provider failed (network, HTTP error, malformed stream)."""
+
+    code = "model_error"
+
+    def __init__(self, message: str, *, retryable: bool = False, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retryable = retryable

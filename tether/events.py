@@ -1,0 +1,226 @@
+"""Typed run events: the one vocabulary shared by the store, SSE, clients and the UI.
+
+Every event a run produces is one of the classes below. An event's fields are the ``data`` of
+its envelope; the envelope adds ``run_id``, the run-local ``seq`` (1, 2, 3, … with no gaps),
+the ``type`` and a UTC timestamp ``ts``::
+
+    {"run_id": "run_…", "seq": 42, "type": "token", "ts": "2026-11-30T20:00:00.123456Z",
+     "data": {"message_id": "msg_…", "text": "Hello"}}
+
+``Done``, ``RunError`` and ``Cancelled`` are *terminal*: exactly one of them ends every run
+and it carries the last ``seq``. The encoded envelope is what the store keeps, byte for byte,
+so a replay sends exactly what the live stream sent.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "Event",
+    "RunStarted",
+    "Token",
+    "Thinking",
+    "ToolCall",
+    "ToolResult",
+    "Interrupt",
+    "Resumed",
+    "UserMessage",
+    "Status",
+    "Done",
+    "RunError",
+    "Cancelled",
+    "Envelope",
+    "EVENT_TYPES",
+    "TERMINAL_TYPES",
+    "format_ts",
+]
+
+
+class Event(BaseModel):
+    """Base of all run events; ``type`` is the wire name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    type: ClassVar[str]
+    terminal: ClassVar[bool] = False
+
+
+class RunStarted(Event):
+    """The run began; always ``seq`` 1."""
+
+    type: ClassVar[str] = "run_started"
+    thread_id: str
+    input_message_id: str | None
+
+
+class Token(Event):
+    """A delta of assistant text."""
+
+    type: ClassVar[str] = "token"
+    message_id: str
+    text: str
+
+
+class Thinking(Event):
+    """A delta of the model's reasoning, where the model gives one."""
+
+    type: ClassVar[str] = "thinking"
+    message_id: str
+    text: str
+
+
+class ToolCall(Event):
+    """The model asked for a tool call; it has not been executed yet."""
+
+    type: ClassVar[str] = "tool_call"
+    call_id: str
+    name: str
+    args: dict[str, Any]
+    risk: Literal["read_only", "reversible", "destructive"]
+    gated: bool
+
+
+ToolStatus = Literal["ok", "error", "rejected", "expired", "responded", "cancelled", "unknown"]
+
+
+class ToolResult(Event):
+    """The outcome of one tool call (exactly one per ``tool_call``)."""
+
+    type: ClassVar[str] = "tool_result"
+    call_id: str
+    name: str
+    status: ToolStatus
+    result: Any = None
+    error: str | None = None
+    reason: str | None = None
+
+
+class Interrupt(Event):
+    """The run waits for a human decision on one or more gated tool calls."""
+
+    type: ClassVar[str] = "interrupt"
+    interrupt_id: str
+    action_requests: list[dict[str, Any]]
+    review_configs: list[dict[str, Any]]
+    expires_at: str
+
+
+class Resumed(Event):
+    """An interrupt was resolved (by decisions or by expiry) and execution continues."""
+
+    type: ClassVar[str] = "resumed"
+    interrupt_id: str
+    resolution: Literal["decided", "expired"]
+    decisions: list[dict[str, Any]]
+
+
+class UserMessage(Event):
+    """A correction sent into the running run; it joins the history before the next model call."""
+
+    type: ClassVar[str] = "user_message"
+    message_id: str
+    content: str
+
+
+class Status(Event):
+    """What the run is doing now (``model``, ``tool``, ``recovering``, …)."""
+
+    type: ClassVar[str] = "status"
+    stage: str
+    detail: str | None = None
+
+
+class Done(Event):
+    """Terminal: the run completed (a refusal is still ``done``)."""
+
+    type: ClassVar[str] = "done"
+    terminal: ClassVar[bool] = True
+    message_id: str | None
+
+
+class RunError(Event):
+    """Terminal: the run failed."""
+
+    type: ClassVar[str] = "error"
+    terminal: ClassVar[bool] = True
+    code: str
+    message: str
+    retryable: bool = False
+
+
+class Cancelled(Event):
+    """Terminal: the run was cancelled by an explicit cancel request."""
+
+    type: ClassVar[str] = "cancelled"
+    terminal: ClassVar[bool] = True
+    mode: Literal["soft", "hard"]
+    reason: str | None = None
+    actor: str | None = None
+    partial_message_id: str | None = None
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.type: cls
+    for cls in (
+        RunStarted,
+        Token,
+        Thinking,
+        ToolCall,
+        ToolResult,
+        Interrupt,
+        Resumed,
+        UserMessage,
+        Status,
+        Done,
+        RunError,
+        Cancelled,
+    )
+}
+TERMINAL_TYPES = frozenset(name for name, cls in EVENT_TYPES.items() if cls.terminal)
+
+
+def format_ts(moment: datetime) -> str:
+    """Format a timestamp as the wire does: UTC, microseconds, ``Z``."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+class Envelope(BaseModel):
+    """One entry of a run's event log, as stored and as sent."""
+
+    model_config = ConfigDict(frozen=True)
+    run_id: str
+    seq: int
+    type: str
+    ts: str
+    data: dict[str, Any]
+
+    @property
+    def terminal(self) -> bool:
+        """True for ``done``, ``error`` and ``cancelled``."""
+        return self.type in TERMINAL_TYPES
+
+    @classmethod
+    def wrap(cls, run_id: str, seq: int, event: Event, ts: datetime) -> Envelope:
+        """Put ``event`` into an envelope."""
+        return cls(run_id=run_id, seq=seq, type=event.type, ts=format_ts(ts), data=event.model_dump(mode="json"))
+
+    def to_json(self) -> str:
+        """The canonical encoding: what the store keeps and SSE sends."""
+        return _dumps({"run_id": self.run_id, "seq": self.seq, "type": self.type, "ts": self.ts, "data": self.data})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Envelope:
+        """Parse the canonical encoding."""
+        return cls.model_validate_json(text)
+
+    def event(self) -> Event:
+        """The typed event inside (raises ``KeyError`` for an unknown type)."""
+        return EVENT_TYPES[self.type].model_validate(self.data)

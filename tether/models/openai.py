@@ -1,0 +1,248 @@
+"""``OpenAIModel``: any OpenAI-compatible Chat Completions endpoint, streamed.
+
+Works with OpenAI itself and with servers that speak its Chat Completions API (vLLM, Ollama,
+llama.cpp, LM Studio, DeepSeek, OpenRouter, …). Configuration comes from the constructor or,
+when an argument is left out, from the environment:
+
+- ``TETHER_OPENAI_MODEL`` (default ``gpt-4o-mini``);
+- ``TETHER_OPENAI_BASE_URL``, then ``OPENAI_BASE_URL`` (default: OpenAI's own URL);
+- ``TETHER_OPENAI_API_KEY``, then ``OPENAI_API_KEY`` (default: a placeholder, since local
+  servers usually want none).
+
+**Why the upstream stream is closed in ``finally``.** Stopping a run must stop the provider
+generating (and billing) tokens, not just stop Tether reading them. A provider only learns that
+nobody is listening when the HTTP connection closes. :meth:`OpenAIModel.stream` is an async
+generator; when its consumer is cancelled, the cancellation is raised at the ``await`` inside the
+generator, and when its consumer calls ``aclose()``, ``GeneratorExit`` is raised at the ``yield``.
+Either way the ``finally`` block runs and closes the response, which closes the connection (an
+HTTP/1.1 response that was not read to the end cannot go back to the pool). The close is
+shielded: under a cancelled anyio scope every unshielded ``await`` would be cancelled again, and
+the close could be skipped. Cancellation is then re-raised, never swallowed.
+
+**Errors** from the ``openai`` package are translated once, here, into
+:class:`~tether.errors.ModelError` (``raise … from exc``), with ``retryable`` set for failures
+that a later attempt may not hit (connection problems, timeouts, rate limits, 5xx). The client is
+built with ``max_retries=0`` by default: whether and when to retry is the caller's decision.
+
+**Tool calls** arrive in fragments keyed by ``index``: the first fragment of a call carries its
+``id`` and name, later ones append to its JSON arguments. They are assembled while streaming and
+yielded, one :class:`~tether.models.ToolCallRequest` per call, when the stream ends.
+
+**Reasoning**: providers that stream reasoning (DeepSeek, vLLM, OpenRouter, …) put it in a
+non-standard ``reasoning_content`` or ``reasoning`` field of the delta; it becomes
+:class:`~tether.models.ThinkingDelta`.
+
+The underlying HTTP client keeps a connection pool bound to the event loop that first used it:
+use one ``OpenAIModel`` per event loop, and :meth:`OpenAIModel.aclose` it when done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import anyio
+import openai
+
+from ..errors import ModelError
+from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolSpec
+
+__all__ = ["OpenAIModel"]
+
+DEFAULT_MODEL = "gpt-4o-mini"
+# Sent when no key is configured: local OpenAI-compatible servers ignore it, and the openai
+# client refuses to start without one.
+PLACEHOLDER_API_KEY = "not-needed"
+# Non-standard delta fields that carry reasoning, in order of preference.
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+class OpenAIModel:
+    """A streaming model backed by an OpenAI-compatible Chat Completions endpoint."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        temperature: float | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 0,
+    ) -> None:
+        #: The model name sent with every request.
+        self.model = model or _env("TETHER_OPENAI_MODEL") or DEFAULT_MODEL
+        #: The endpoint's base URL (``None`` means OpenAI's own).
+        self.base_url = base_url or _env("TETHER_OPENAI_BASE_URL", "OPENAI_BASE_URL")
+        #: Sampling temperature; ``None`` leaves it to the provider.
+        self.temperature = temperature
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key or _env("TETHER_OPENAI_API_KEY", "OPENAI_API_KEY") or PLACEHOLDER_API_KEY,
+            base_url=self.base_url,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+
+    @classmethod
+    def from_env(cls) -> OpenAIModel:
+        """A model configured entirely from the environment variables listed in the module docs."""
+        return cls()
+
+    def __repr__(self) -> str:
+        return f"OpenAIModel(model={self.model!r}, base_url={self.base_url!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool."""
+        await self._client.close()
+
+    async def __aenter__(self) -> OpenAIModel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        """Yield the deltas of one model call; closing or cancelling it closes the upstream request."""
+        params: dict[str, Any] = {
+            "model": self.model,
+            "messages": [_message_to_openai(m) for m in request.messages],
+            "stream": True,
+        }
+        if request.tools:
+            params["tools"] = [_tool_to_openai(t) for t in request.tools]
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+
+        try:
+            upstream = await self._client.chat.completions.create(**params)
+        except openai.OpenAIError as exc:
+            raise _model_error(exc) from exc
+
+        calls: dict[int, _PartialCall] = {}
+        try:
+            try:
+                async for chunk in upstream:
+                    if not chunk.choices:  # e.g. a trailing usage-only chunk
+                        continue
+                    delta = chunk.choices[0].delta
+                    if delta is None:
+                        continue
+                    reasoning = _reasoning_text(delta)
+                    if reasoning:
+                        yield ThinkingDelta(reasoning)
+                    if delta.content:
+                        yield TextDelta(delta.content)
+                    for position, fragment in enumerate(delta.tool_calls or ()):
+                        index = fragment.index if isinstance(fragment.index, int) else position
+                        calls.setdefault(index, _PartialCall()).add(fragment)
+            except openai.OpenAIError as exc:
+                raise _model_error(exc) from exc
+            except json.JSONDecodeError as exc:
+                raise ModelError(f"model provider sent a malformed stream: {exc}", retryable=True) from exc
+            for index in sorted(calls):
+                yield calls[index].finish()
+        finally:
+            # Runs on normal end, on error, on cancellation and on aclose(): closing the response
+            # closes the connection, which is how the provider learns to stop generating.
+            with anyio.CancelScope(shield=True):
+                await upstream.close()
+
+
+@dataclass
+class _PartialCall:
+    """A tool call being assembled from streamed fragments."""
+
+    id: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+    def add(self, fragment: Any) -> None:
+        if fragment.id and not self.id:
+            self.id = fragment.id
+        function = fragment.function
+        if function is None:
+            return
+        # Some servers repeat the name on every fragment; it is never split.
+        if function.name and not self.name:
+            self.name = function.name
+        if function.arguments:
+            self.arguments.append(function.arguments)
+
+    def finish(self) -> ToolCallRequest:
+        raw = "".join(self.arguments)
+        args: dict[str, Any] | str
+        try:
+            parsed = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            parsed = None
+        args = parsed if isinstance(parsed, dict) else raw
+        return ToolCallRequest(id=self.id or "call_" + uuid.uuid4().hex[:16], name=self.name, args=args)
+
+
+def _reasoning_text(delta: Any) -> str | None:
+    extra = getattr(delta, "model_extra", None) or {}
+    for name in _REASONING_FIELDS:
+        value = getattr(delta, name, None)
+        if value is None:
+            value = extra.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _message_to_openai(message: ChatMessage) -> dict[str, Any]:
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id or "", "content": message.content}
+    if message.role == "assistant" and message.tool_calls:
+        return {
+            "role": "assistant",
+            # OpenAI wants null, not "", for an assistant turn that only calls tools.
+            "content": message.content or None,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": call.args if isinstance(call.args, str) else json.dumps(call.args, ensure_ascii=False),
+                    },
+                }
+                for call in message.tool_calls
+            ],
+        }
+    return {"role": message.role, "content": message.content}
+
+
+def _tool_to_openai(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+    }
+
+
+def _model_error(exc: openai.OpenAIError) -> ModelError:
+    """Translate an ``openai`` exception into Tether's ``ModelError``."""
+    # APITimeoutError is a subclass of APIConnectionError.
+    if isinstance(exc, openai.APIConnectionError):
+        kind = "timed out" if isinstance(exc, openai.APITimeoutError) else "could not be reached"
+        return ModelError(f"model provider {kind}: {exc}", retryable=True, code="model_unavailable")
+    if isinstance(exc, openai.RateLimitError):
+        return ModelError(f"model provider rate limit (HTTP {exc.status_code}): {exc.message}", retryable=True, code="model_rate_limited")
+    if isinstance(exc, openai.APIStatusError):
+        return ModelError(
+            f"model provider returned HTTP {exc.status_code}: {exc.message}",
+            retryable=exc.status_code >= 500,
+            code="model_error",
+        )
+    return ModelError(f"model provider failed: {exc}", retryable=False, code="model_error")

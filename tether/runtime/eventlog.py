@@ -1,0 +1,115 @@
+"""A run's event log writer: durable before sent, with group commit.
+
+The executor calls :meth:`EventLog.emit` synchronously for every event; seqs are assigned here,
+contiguous from the run's next seq. A single flusher task commits whatever has accumulated in
+one transaction and only then publishes the batch to live followers. The first event after an
+idle period is committed at once (nothing to wait for); events that arrive while a commit is in
+flight ride along with the next one. So a token stream costs one transaction per commit
+latency, not one per token, and no one ever sees an event the store does not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from .._ids import utcnow
+from ..events import Envelope, Event
+from ..store import Store, StoredEvent
+
+if TYPE_CHECKING:
+    from .bus import LocalBus
+
+__all__ = ["EventLog"]
+
+
+class EventLog:
+    """Appends one run's events to the store in batches, then publishes them."""
+
+    def __init__(self, store: Store, bus: LocalBus, run_id: str, *, next_seq: int) -> None:
+        self._store = store
+        self._bus = bus
+        self.run_id = run_id
+        self._next_seq = next_seq
+        self._pending: list[StoredEvent] = []
+        self._has_pending = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._failure: BaseException | None = None
+        self._flusher: asyncio.Task[None] | None = None
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event will get."""
+        return self._next_seq
+
+    def start(self) -> None:
+        """Start the flusher task (owned by this log; stopped by :meth:`aclose`)."""
+        self._flusher = asyncio.create_task(self._flush_loop(), name=f"eventlog-{self.run_id}")
+
+    def emit(self, event: Event) -> int:
+        """Queue ``event`` for the next commit and return its seq."""
+        if self._failure is not None:
+            raise RuntimeError("event log failed") from self._failure
+        seq = self._next_seq
+        self._next_seq += 1
+        envelope = Envelope.wrap(self.run_id, seq, event, utcnow())
+        self._pending.append(StoredEvent(seq, envelope.type, envelope.to_json()))
+        self._idle.clear()
+        self._has_pending.set()
+        return seq
+
+    def seal(self, event: Event) -> StoredEvent:
+        """Build the terminal event with the next seq, without queueing it.
+
+        The caller writes it together with the run's final status (``Store.finish_run``) and
+        then calls :meth:`publish_final`.
+        """
+        seq = self._next_seq
+        self._next_seq += 1
+        envelope = Envelope.wrap(self.run_id, seq, event, utcnow())
+        return StoredEvent(seq, envelope.type, envelope.to_json())
+
+    def unseal(self, final: StoredEvent) -> None:
+        """Give back the seq of a sealed event that was not written."""
+        if final.seq == self._next_seq - 1:
+            self._next_seq -= 1
+
+    def publish_final(self, final: StoredEvent) -> None:
+        """Publish the committed terminal event."""
+        self._bus.publish(self.run_id, [final])
+
+    async def wait_for_idle(self) -> None:
+        """Wait until everything emitted so far is committed and published."""
+        await self._idle.wait()
+        if self._failure is not None:
+            raise RuntimeError("event log failed") from self._failure
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._has_pending.wait()
+            self._has_pending.clear()
+            batch, self._pending = self._pending, []
+            try:
+                await self._store.append_events(self.run_id, batch)
+            except Exception as exc:  # a store failure: surface it to the executor
+                self._failure = exc
+                self._idle.set()
+                return
+            self._bus.publish(self.run_id, batch)
+            if not self._pending:
+                self._idle.set()
+
+    async def aclose(self) -> None:
+        """Commit what is pending, then stop the flusher."""
+        try:
+            if self._flusher is not None and not self._flusher.done():
+                await self.wait_for_idle()
+        finally:
+            if self._flusher is not None:
+                self._flusher.cancel()
+                try:
+                    await self._flusher
+                except asyncio.CancelledError:
+                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                        raise

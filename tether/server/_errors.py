@@ -1,0 +1,74 @@
+"""The one place where errors become HTTP responses.
+
+Every error response is ``{"error": {"code", "message", "details"}}`` with a 4xx/5xx status;
+never a stack trace, never a 500 for bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import Conflict, Forbidden, Gone, InvalidRequest, NotFound, TetherError
+
+log = logging.getLogger("tether.server")
+
+_STATUS: list[tuple[type[TetherError], int]] = [
+    (NotFound, 404),
+    (InvalidRequest, 422),
+    (Conflict, 409),
+    (Gone, 410),
+    (Forbidden, 403),
+]
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed", 406: "not_acceptable", 415: "unsupported_media_type"}
+
+
+def error_response(status: int, code: str, message: str, details: Any = None) -> JSONResponse:
+    """Build the standard error body."""
+    return JSONResponse({"error": {"code": code, "message": message, "details": details}}, status_code=status)
+
+
+def status_for(exc: TetherError) -> int:
+    """The HTTP status of a Tether error."""
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that give every error the standard shape."""
+
+    @app.exception_handler(TetherError)
+    async def tether_error(_: Request, exc: TetherError) -> JSONResponse:
+        return error_response(status_for(exc), exc.code, exc.message, exc.details)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        if any(e["type"] in ("json_invalid", "json_type") for e in errors):
+            return error_response(400, "invalid_json", "the request body is not valid JSON", errors)
+        fields = ", ".join(".".join(str(p) for p in e["loc"][1:]) or e["loc"][0] if e["loc"] else "body" for e in errors)
+        return error_response(422, "validation_error", f"invalid request: {fields}", errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        response = error_response(exc.status_code, code, str(exc.detail))
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(500, "internal_error", "internal server error")

@@ -1,0 +1,98 @@
+"""Run routes: start (JSON or streamed), read, events (SSE or JSON page), cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..errors import InvalidRequest
+from ..store import RunRecord
+from ._deps import actor_of, runtime_of, store_of
+from ._sse import sse_response
+from .schemas import CancelRun, CreateRun
+
+router = APIRouter(tags=["runs"])
+
+
+def wants_event_stream(request: Request) -> bool:
+    """True when the client asked for ``text/event-stream``."""
+    return "text/event-stream" in request.headers.get("accept", "")
+
+
+async def _visible_run(request: Request, run_id: str) -> RunRecord:
+    store = store_of(request)
+    run = await store.get_run(run_id)
+    await store.get_thread(run.thread_id, owner=actor_of(request))  # NotFound when not the caller's
+    return run
+
+
+@router.post("/v1/threads/{thread_id}/runs", status_code=202, response_model=None)
+async def create_run(request: Request, thread_id: str, body: CreateRun) -> Response:
+    """Start a run on a thread: 202 with the run, or its event stream with ``Accept: text/event-stream``."""
+    store, runtime = store_of(request), runtime_of(request)
+    await store.get_thread(thread_id, owner=actor_of(request))
+    if body.input is None:
+        raise InvalidRequest(
+            "input is required",
+            code="input_required",
+            details=[{"loc": ["body", "input"], "msg": "a run needs input.content", "type": "missing"}],
+        )
+    run, _message, _event = await store.create_run(
+        thread_id=thread_id,
+        content=body.input.content,
+        parent_id=body.parent_id,
+        use_active_leaf=body.parent_id is None,
+        config=body.config.model_dump(),
+    )
+    runtime.launch(run)
+    headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
+    if wants_event_stream(request):
+        return sse_response(store, runtime.bus, run.id, after_seq=0, headers=headers)
+    return JSONResponse(run.to_api(), status_code=202, headers=headers)
+
+
+@router.get("/v1/runs/{run_id}")
+async def get_run(request: Request, run_id: str) -> dict[str, Any]:
+    """A run with its status and outcome."""
+    return (await _visible_run(request, run_id)).to_api()
+
+
+@router.get("/v1/runs/{run_id}/events", response_model=None)
+async def run_events(
+    request: Request,
+    run_id: str,
+    after_seq: int | None = Query(default=None, ge=0, description="Return events with seq > after_seq."),
+    limit: int = Query(default=100, ge=1, le=1000, description="Page size of the JSON form."),
+    last_event_id: str | None = Header(default=None, alias="Last-Event-ID"),
+) -> Response:
+    """The run's events: SSE (replay, live tail, close after terminal) or a JSON page."""
+    run = await _visible_run(request, run_id)
+    start = after_seq or 0
+    if last_event_id is not None and last_event_id.strip():
+        try:
+            start = int(last_event_id)
+        except ValueError:
+            raise InvalidRequest(
+                "Last-Event-ID must be an event seq (an integer)", code="invalid_last_event_id",
+                details=[{"loc": ["header", "Last-Event-ID"], "msg": "not an integer", "type": "int_parsing"}],
+            ) from None
+        if start < 0:
+            raise InvalidRequest("Last-Event-ID must not be negative", code="invalid_last_event_id")
+    store = store_of(request)
+    if wants_event_stream(request):
+        return sse_response(store, runtime_of(request).bus, run.id, after_seq=start)
+    page = await store.read_events(run.id, after_seq=start, limit=limit)
+    # The stored envelopes verbatim: the very same bytes the stream sends.
+    body = '{"items":[' + ",".join(e.envelope for e in page) + "]}"
+    return Response(body, media_type="application/json")
+
+
+@router.post("/v1/runs/{run_id}/cancel", status_code=202)
+async def cancel_run(request: Request, run_id: str, body: CancelRun | None = None) -> JSONResponse:
+    """Explicitly cancel a run (``soft`` by default). Idempotent while cancelling."""
+    await _visible_run(request, run_id)
+    body = body or CancelRun()
+    run = await runtime_of(request).cancel(run_id, mode=body.mode, reason=body.reason, actor=actor_of(request))
+    return JSONResponse(run.to_api(), status_code=202)

@@ -1,0 +1,64 @@
+"""Thread routes: create, list, read, and the messages of the active path or the whole tree."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+
+from ..store import MessageRecord
+from ._deps import actor_of, store_of
+from .schemas import CreateThread
+
+router = APIRouter(prefix="/v1/threads", tags=["threads"])
+
+
+@router.post("", status_code=201)
+async def create_thread(request: Request, body: CreateThread | None = None) -> dict[str, Any]:
+    """Create a thread."""
+    store = store_of(request)
+    thread = await store.create_thread(owner=actor_of(request), metadata=(body or CreateThread()).metadata)
+    return thread.to_api(active_run_id=None)
+
+
+@router.get("")
+async def list_threads(request: Request, limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
+    """The caller's threads, newest first."""
+    store = store_of(request)
+    items = await store.list_threads(owner=actor_of(request), limit=limit)
+    active = await store.active_run_ids(t.id for t in items)
+    return {"items": [t.to_api(active_run_id=active.get(t.id)) for t in items]}
+
+
+@router.get("/{thread_id}")
+async def get_thread(request: Request, thread_id: str) -> dict[str, Any]:
+    """One thread, with its active run."""
+    store = store_of(request)
+    thread = await store.get_thread(thread_id, owner=actor_of(request))
+    active = await store.active_run_ids([thread.id])
+    return thread.to_api(active_run_id=active.get(thread.id))
+
+
+def _with_siblings(messages: list[MessageRecord], selected: list[MessageRecord]) -> list[dict[str, Any]]:
+    children: dict[str | None, list[str]] = {}
+    for m in messages:  # oldest first, so sibling order is creation order
+        children.setdefault(m.parent_id, []).append(m.id)
+    return [m.to_api(sibling_ids=children.get(m.parent_id, [m.id])) for m in selected]
+
+
+@router.get("/{thread_id}/messages")
+async def list_messages(request: Request, thread_id: str, view: Literal["path", "tree"] = Query(default="path")) -> dict[str, Any]:
+    """The active path (root → active leaf) or the whole message tree, each with its siblings."""
+    store = store_of(request)
+    thread = await store.get_thread(thread_id, owner=actor_of(request))
+    messages = await store.thread_messages(thread.id)
+    if view == "tree":
+        return {"items": _with_siblings(messages, messages), "active_leaf_id": thread.active_leaf_id}
+    by_id = {m.id: m for m in messages}
+    path: list[MessageRecord] = []
+    cursor = thread.active_leaf_id
+    while cursor is not None and cursor in by_id:
+        path.append(by_id[cursor])
+        cursor = by_id[cursor].parent_id
+    path.reverse()
+    return {"items": _with_siblings(messages, path), "active_leaf_id": thread.active_leaf_id}

@@ -1,0 +1,566 @@
+"""The durable store: threads, the message tree, runs and their event logs.
+
+One code path for SQLite (the embedded default) and PostgreSQL: SQLAlchemy Core over an async
+driver, schema created by Alembic migrations at open. State changes that must not race are
+single conditional writes (``UPDATE … WHERE status IN (…)``) or database constraints, never
+in-memory bookkeeping, so they hold across processes.
+
+SQLite has one writer at a time; the store serialises its own write transactions with a lock
+(as Datasette does) instead of letting them collide on ``SQLITE_BUSY``. Readers never wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterable, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from .._ids import as_utc, new_id, utcnow
+from ..errors import InvalidRequest, NotFound, RunNotActive, ThreadBusy
+from ..events import Envelope, RunStarted, format_ts
+from .tables import ACTIVE_RUN_STATUSES, events, messages, runs, threads
+
+__all__ = ["Store", "ThreadRecord", "RunRecord", "MessageRecord", "StoredEvent", "normalize_db_url", "TERMINAL_RUN_STATUSES"]
+
+TERMINAL_RUN_STATUSES = ("completed", "failed", "cancelled")
+
+
+def _ts(moment: datetime | None) -> str | None:
+    return format_ts(moment) if moment is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadRecord:
+    """A thread row."""
+
+    id: str
+    owner: str
+    metadata: dict[str, Any]
+    active_leaf_id: str | None
+    created_at: datetime
+
+    def to_api(self, *, active_run_id: str | None, pending_interrupt: Any = None) -> dict[str, Any]:
+        """The thread as the HTTP API shows it."""
+        return {
+            "id": self.id,
+            "owner": self.owner,
+            "metadata": self.metadata,
+            "active_leaf_id": self.active_leaf_id,
+            "active_run_id": active_run_id,
+            "pending_interrupt": pending_interrupt,
+            "created_at": _ts(self.created_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A run row."""
+
+    id: str
+    thread_id: str
+    status: str
+    config: dict[str, Any]
+    input_message_id: str | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    error: dict[str, Any] | None
+    cancel_mode: str | None
+    cancel_reason: str | None
+    cancel_actor: str | None
+
+    @property
+    def terminal(self) -> bool:
+        """True once the run is completed, failed or cancelled."""
+        return self.status in TERMINAL_RUN_STATUSES
+
+    def to_api(self, *, pending_interrupt: Any = None) -> dict[str, Any]:
+        """The run as the HTTP API shows it."""
+        return {
+            "id": self.id,
+            "thread_id": self.thread_id,
+            "status": self.status,
+            "config": self.config,
+            "input_message_id": self.input_message_id,
+            "created_at": _ts(self.created_at),
+            "started_at": _ts(self.started_at),
+            "ended_at": _ts(self.ended_at),
+            "error": self.error,
+            "cancel": (
+                {"mode": self.cancel_mode, "reason": self.cancel_reason, "actor": self.cancel_actor}
+                if self.cancel_mode
+                else None
+            ),
+            "pending_interrupt": pending_interrupt,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A message row (a node of the thread's message tree)."""
+
+    id: str
+    thread_id: str
+    parent_id: str | None
+    run_id: str | None
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    status: str = "complete"
+    created_at: datetime = field(default_factory=utcnow)
+
+    def to_api(self, *, sibling_ids: Sequence[str] | None = None) -> dict[str, Any]:
+        """The message as the HTTP API shows it."""
+        siblings = list(sibling_ids) if sibling_ids is not None else [self.id]
+        return {
+            "id": self.id,
+            "thread_id": self.thread_id,
+            "parent_id": self.parent_id,
+            "run_id": self.run_id,
+            "role": self.role,
+            "content": self.content,
+            "tool_calls": self.tool_calls,
+            "tool_call_id": self.tool_call_id,
+            "name": self.name,
+            "status": self.status,
+            "created_at": _ts(self.created_at),
+            "sibling_ids": siblings,
+            "sibling_index": siblings.index(self.id) if self.id in siblings else 0,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One stored event: its seq, type and canonical envelope JSON."""
+
+    seq: int
+    type: str
+    envelope: str
+
+
+def normalize_db_url(url: str) -> str:
+    """Accept ``sqlite:///path`` and ``postgresql://…`` and pick the async drivers."""
+    if url.startswith("sqlite:///") or url == "sqlite://":
+        return "sqlite+aiosqlite" + url[len("sqlite") :]
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+asyncpg://" + url.split("://", 1)[1]
+    return url
+
+
+def _thread(row: Any) -> ThreadRecord:
+    return ThreadRecord(row.id, row.owner, row.metadata or {}, row.active_leaf_id, as_utc(row.created_at))  # type: ignore[arg-type]
+
+
+def _run(row: Any) -> RunRecord:
+    return RunRecord(
+        id=row.id,
+        thread_id=row.thread_id,
+        status=row.status,
+        config=row.config or {},
+        input_message_id=row.input_message_id,
+        created_at=as_utc(row.created_at),  # type: ignore[arg-type]
+        started_at=as_utc(row.started_at),
+        ended_at=as_utc(row.ended_at),
+        error=row.error,
+        cancel_mode=row.cancel_mode,
+        cancel_reason=row.cancel_reason,
+        cancel_actor=row.cancel_actor,
+    )
+
+
+def _message(row: Any) -> MessageRecord:
+    return MessageRecord(
+        id=row.id,
+        thread_id=row.thread_id,
+        parent_id=row.parent_id,
+        run_id=row.run_id,
+        role=row.role,
+        content=row.content,
+        tool_calls=row.tool_calls,
+        tool_call_id=row.tool_call_id,
+        name=row.name,
+        status=row.status,
+        created_at=as_utc(row.created_at),  # type: ignore[arg-type]
+    )
+
+
+def _message_values(message: MessageRecord) -> dict[str, Any]:
+    return {
+        "id": message.id,
+        "thread_id": message.thread_id,
+        "parent_id": message.parent_id,
+        "run_id": message.run_id,
+        "role": message.role,
+        "content": message.content,
+        "tool_calls": message.tool_calls,
+        "tool_call_id": message.tool_call_id,
+        "name": message.name,
+        "status": message.status,
+        "created_at": message.created_at,
+    }
+
+
+class Store:
+    """Async access to Tether's tables. Open with :meth:`open`, close with :meth:`aclose`."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.is_sqlite = engine.dialect.name == "sqlite"
+        # SQLite allows one writer; serialise ours rather than collide on SQLITE_BUSY.
+        self._write_lock: asyncio.Lock | None = asyncio.Lock() if self.is_sqlite else None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, url: str) -> Store:
+        """Connect to ``url`` and bring the schema up to date (creating a SQLite file if needed)."""
+        url = normalize_db_url(url)
+        kwargs: dict[str, Any] = {}
+        if url.startswith("sqlite"):
+            path = sa.engine.make_url(url).database
+            if path and path != ":memory:":
+                Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"timeout": 30}
+        else:
+            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+        engine = create_async_engine(url, **kwargs)
+        if engine.dialect.name == "sqlite":
+            sa_event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        store = cls(engine)
+        await store.migrate()
+        return store
+
+    async def migrate(self) -> None:
+        """Apply pending Alembic migrations."""
+        from alembic import command
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+
+        def upgrade(sync_conn: sa.Connection) -> None:
+            cfg.attributes["connection"] = sync_conn
+            command.upgrade(cfg, "head")
+
+        async with self._writing() as conn:
+            await conn.run_sync(upgrade)
+
+    async def aclose(self) -> None:
+        """Dispose of the connection pool."""
+        await self.engine.dispose()
+
+    @contextlib.asynccontextmanager
+    async def _writing(self) -> AsyncIterator[AsyncConnection]:
+        if self._write_lock is None:
+            async with self.engine.begin() as conn:
+                yield conn
+            return
+        async with self._write_lock:
+            async with self.engine.begin() as conn:
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[AsyncConnection]:
+        async with self.engine.connect() as conn:
+            yield conn
+
+    # -- threads ---------------------------------------------------------------------------
+
+    async def create_thread(self, *, owner: str, metadata: dict[str, Any] | None = None) -> ThreadRecord:
+        """Create an empty thread."""
+        now = utcnow()
+        record = ThreadRecord(new_id("thr"), owner, dict(metadata or {}), None, now)
+        async with self._writing() as conn:
+            await conn.execute(
+                threads.insert().values(
+                    id=record.id, owner=owner, metadata=record.metadata, active_leaf_id=None, created_at=now, updated_at=now
+                )
+            )
+        return record
+
+    async def get_thread(self, thread_id: str, *, owner: str | None = None) -> ThreadRecord:
+        """Read a thread; :class:`NotFound` if missing or owned by someone else."""
+        async with self._reading() as conn:
+            row = (await conn.execute(threads.select().where(threads.c.id == thread_id))).first()
+        if row is None or (owner is not None and row.owner != owner):
+            raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
+        return _thread(row)
+
+    async def list_threads(self, *, owner: str | None = None, limit: int = 100) -> list[ThreadRecord]:
+        """Threads, newest first."""
+        query = threads.select().order_by(threads.c.created_at.desc(), threads.c.id.desc()).limit(limit)
+        if owner is not None:
+            query = query.where(threads.c.owner == owner)
+        async with self._reading() as conn:
+            return [_thread(row) for row in await conn.execute(query)]
+
+    async def active_run_ids(self, thread_ids: Iterable[str]) -> dict[str, str]:
+        """Map thread id → id of its non-terminal run, for those that have one."""
+        ids = list(thread_ids)
+        if not ids:
+            return {}
+        query = sa.select(runs.c.thread_id, runs.c.id).where(
+            runs.c.thread_id.in_(ids), runs.c.status.in_(ACTIVE_RUN_STATUSES)
+        )
+        async with self._reading() as conn:
+            return {row.thread_id: row.id for row in await conn.execute(query)}
+
+    # -- messages --------------------------------------------------------------------------
+
+    async def get_message(self, message_id: str) -> MessageRecord:
+        """Read one message."""
+        async with self._reading() as conn:
+            row = (await conn.execute(messages.select().where(messages.c.id == message_id))).first()
+        if row is None:
+            raise NotFound(f"message {message_id!r} not found", code="message_not_found")
+        return _message(row)
+
+    async def thread_messages(self, thread_id: str) -> list[MessageRecord]:
+        """Every message of a thread (the whole tree), oldest first."""
+        query = messages.select().where(messages.c.thread_id == thread_id).order_by(messages.c.created_at, messages.c.id)
+        async with self._reading() as conn:
+            return [_message(row) for row in await conn.execute(query)]
+
+    async def path_to(self, thread_id: str, leaf_id: str | None) -> list[MessageRecord]:
+        """The chain of messages from the root to ``leaf_id`` (inclusive)."""
+        if leaf_id is None:
+            return []
+        by_id = {m.id: m for m in await self.thread_messages(thread_id)}
+        path: list[MessageRecord] = []
+        cursor: str | None = leaf_id
+        while cursor is not None:
+            message = by_id.get(cursor)
+            if message is None:
+                break
+            path.append(message)
+            cursor = message.parent_id
+        path.reverse()
+        return path
+
+    async def add_message(self, message: MessageRecord) -> MessageRecord:
+        """Append a message to its thread and make it the active leaf."""
+        async with self._writing() as conn:
+            await conn.execute(messages.insert().values(**_message_values(message)))
+            await conn.execute(
+                threads.update()
+                .where(threads.c.id == message.thread_id)
+                .values(active_leaf_id=message.id, updated_at=utcnow())
+            )
+        return message
+
+    async def update_message(
+        self,
+        message_id: str,
+        *,
+        content: str | None = None,
+        status: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Change a message's content, status or tool calls (a turn being finished)."""
+        values: dict[str, Any] = {}
+        if content is not None:
+            values["content"] = content
+        if status is not None:
+            values["status"] = status
+        if tool_calls is not None:
+            values["tool_calls"] = tool_calls
+        if values:
+            async with self._writing() as conn:
+                await conn.execute(messages.update().where(messages.c.id == message_id).values(**values))
+
+    # -- runs ------------------------------------------------------------------------------
+
+    async def create_run(
+        self,
+        *,
+        thread_id: str,
+        content: str,
+        parent_id: str | None,
+        use_active_leaf: bool,
+        config: dict[str, Any],
+    ) -> tuple[RunRecord, MessageRecord, StoredEvent]:
+        """Create a queued run with its user message and its ``run_started`` event, atomically.
+
+        Raises :class:`ThreadBusy` if the thread already has a non-terminal run (the partial
+        unique index decides, so this holds across processes).
+        """
+        now = utcnow()
+        run_id = new_id("run")
+        message_id = new_id("msg")
+        async with self._writing() as conn:
+            thread_row = (await conn.execute(threads.select().where(threads.c.id == thread_id))).first()
+            if thread_row is None:
+                raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
+            if use_active_leaf:
+                parent_id = thread_row.active_leaf_id
+            elif parent_id is not None:
+                parent = (
+                    await conn.execute(sa.select(messages.c.thread_id).where(messages.c.id == parent_id))
+                ).first()
+                if parent is None or parent.thread_id != thread_id:
+                    raise InvalidRequest(
+                        f"parent_id {parent_id!r} is not a message of thread {thread_id!r}",
+                        code="invalid_parent",
+                        details=[{"loc": ["body", "parent_id"], "msg": "not a message of this thread"}],
+                    )
+            run = RunRecord(run_id, thread_id, "queued", config, message_id, now, None, None, None, None, None, None)
+            try:
+                # The first write of the transaction: if the partial unique index refuses it,
+                # nothing else has been written and the whole transaction rolls back.
+                await conn.execute(
+                    runs.insert().values(
+                        id=run_id, thread_id=thread_id, status="queued", config=config,
+                        input_message_id=message_id, created_at=now,
+                    )
+                )
+            except IntegrityError:
+                raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
+            message = MessageRecord(message_id, thread_id, parent_id, run_id, "user", content, created_at=now)
+            await conn.execute(messages.insert().values(**_message_values(message)))
+            await conn.execute(
+                threads.update().where(threads.c.id == thread_id).values(active_leaf_id=message_id, updated_at=now)
+            )
+            started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message_id), now)
+            stored = StoredEvent(1, started.type, started.to_json())
+            await conn.execute(events.insert().values(run_id=run_id, seq=1, type=stored.type, envelope=stored.envelope))
+        return run, message, stored
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        """Read a run; :class:`NotFound` if missing."""
+        async with self._reading() as conn:
+            row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
+        if row is None:
+            raise NotFound(f"run {run_id!r} not found", code="run_not_found")
+        return _run(row)
+
+    async def runs_in_status(self, statuses: Sequence[str]) -> list[RunRecord]:
+        """Runs currently in any of ``statuses``."""
+        async with self._reading() as conn:
+            return [_run(r) for r in await conn.execute(runs.select().where(runs.c.status.in_(statuses)))]
+
+    async def list_runs(self, thread_id: str) -> list[RunRecord]:
+        """A thread's runs, oldest first."""
+        query = runs.select().where(runs.c.thread_id == thread_id).order_by(runs.c.created_at, runs.c.id)
+        async with self._reading() as conn:
+            return [_run(r) for r in await conn.execute(query)]
+
+    async def mark_running(self, run_id: str) -> bool:
+        """``queued`` → ``running``; False if the run was not queued."""
+        async with self._writing() as conn:
+            result = await conn.execute(
+                runs.update()
+                .where(runs.c.id == run_id, runs.c.status == "queued")
+                .values(status="running", started_at=utcnow())
+            )
+        return result.rowcount == 1
+
+    async def request_cancel(self, run_id: str, *, mode: str, reason: str | None, actor: str) -> RunRecord:
+        """Record a cancel request: active → ``cancelling``; a second hard request upgrades a soft one.
+
+        Raises :class:`RunNotActive` when the run is already terminal.
+        """
+        async with self._writing() as conn:
+            await conn.execute(
+                runs.update()
+                .where(runs.c.id == run_id, runs.c.status.in_(("queued", "running", "waiting_human")))
+                .values(status="cancelling", cancel_mode=mode, cancel_reason=reason, cancel_actor=actor)
+            )
+            if mode == "hard":
+                await conn.execute(
+                    runs.update().where(runs.c.id == run_id, runs.c.status == "cancelling").values(cancel_mode="hard")
+                )
+            row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
+        if row is None:
+            raise NotFound(f"run {run_id!r} not found", code="run_not_found")
+        record = _run(row)
+        if record.terminal:
+            raise RunNotActive(f"run {run_id!r} is already {record.status}", details={"status": record.status})
+        return record
+
+    async def finish_run(
+        self,
+        run_id: str,
+        *,
+        status: str,
+        final_event: StoredEvent,
+        from_statuses: Sequence[str],
+        error: dict[str, Any] | None = None,
+    ) -> bool:
+        """Move the run to a terminal ``status`` and append its terminal event, in one transaction.
+
+        Only succeeds while the run is in one of ``from_statuses``: this is what keeps a run that
+        is being cancelled from ever being committed as ``completed``.
+        """
+        async with self._writing() as conn:
+            result = await conn.execute(
+                runs.update()
+                .where(runs.c.id == run_id, runs.c.status.in_(from_statuses))
+                .values(status=status, ended_at=utcnow(), error=error)
+            )
+            if result.rowcount != 1:
+                return False  # nothing was written
+            await conn.execute(
+                events.insert().values(
+                    run_id=run_id, seq=final_event.seq, type=final_event.type, envelope=final_event.envelope
+                )
+            )
+        return True
+
+    # -- events ----------------------------------------------------------------------------
+
+    async def append_events(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
+        """Append a batch of events in one transaction (the group commit)."""
+        if not batch:
+            return
+        async with self._writing() as conn:
+            await conn.execute(
+                events.insert(),
+                [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for e in batch],
+            )
+
+    async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Events with ``seq > after_seq``, in order."""
+        query = (
+            sa.select(events.c.seq, events.c.type, events.c.envelope)
+            .where(events.c.run_id == run_id, events.c.seq > after_seq)
+            .order_by(events.c.seq)
+            .limit(limit)
+        )
+        async with self._reading() as conn:
+            return [StoredEvent(r.seq, r.type, r.envelope) for r in await conn.execute(query)]
+
+    async def last_seq(self, run_id: str) -> int:
+        """The highest ``seq`` of a run (0 if none)."""
+        async with self._reading() as conn:
+            value = (await conn.execute(sa.select(sa.func.max(events.c.seq)).where(events.c.run_id == run_id))).scalar()
+        return int(value or 0)
+
+    # -- for agents' own tables ------------------------------------------------------------
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        """A write transaction (serialised on SQLite), for an agent's own tables."""
+        return self._writing()
+
+    def connection(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        """A read connection, for an agent's own tables."""
+        return self._reading()
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+

@@ -1,0 +1,180 @@
+"""Tools: plain typed async functions that an agent may call.
+
+``@tool`` turns a function into a :class:`Tool`: its name, its docstring as the description,
+and a JSON schema derived with pydantic from the type hints. Arguments from the model are
+validated against that schema before anything else happens; invalid arguments become a
+``tool_result`` error fed back to the model, never a crash.
+
+Each tool carries a *risk tier*: ``read_only`` tools run at once, ``reversible`` and
+``destructive`` ones may be gated for human review. Arguments annotated with
+:class:`Sensitive` (``Annotated[str, Sensitive]``) are masked wherever they leave the tool:
+events, API responses, logs and the audit log. The tool itself receives the real value.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Annotated, Any, Awaitable, Callable, Literal, get_args, get_origin, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+__all__ = ["tool", "Tool", "ToolContext", "Sensitive", "Risk", "Decision", "mask_value", "ToolArgsError"]
+
+Risk = Literal["read_only", "reversible", "destructive"]
+Decision = Literal["approve", "reject", "edit", "respond"]
+RISK_ORDER: dict[str, int] = {"read_only": 0, "reversible": 1, "destructive": 2}
+DEFAULT_APPROVAL_TTL_S = 600.0
+
+
+class Sensitive:
+    """Marker for ``Annotated[str, Sensitive]``: the argument is masked outside the tool."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool may know about the call it serves (declare a parameter of this type)."""
+
+    run_id: str
+    thread_id: str
+    call_id: str
+
+
+class ToolArgsError(ValueError):
+    """Tool arguments do not match the tool's schema; ``errors`` names the fields."""
+
+    def __init__(self, tool: str, errors: list[dict[str, Any]]) -> None:
+        summary = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(args)'}: {e['msg']}" for e in errors)
+        super().__init__(f"invalid arguments for {tool}: {summary}")
+        self.errors = errors
+
+
+def mask_value(value: Any) -> str:
+    """Mask a sensitive value, keeping at most its last four characters (``****4242``)."""
+    text = str(value)
+    return "****" + (text[-4:] if len(text) > 8 else "")
+
+
+def _is_sensitive(annotation: Any) -> bool:
+    return get_origin(annotation) is Annotated and any(
+        meta is Sensitive or isinstance(meta, Sensitive) for meta in get_args(annotation)[1:]
+    )
+
+
+class Tool:
+    """A callable tool with its schema, risk tier and review settings."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        risk: Risk = "read_only",
+        allowed_decisions: tuple[Decision, ...] | None = None,
+        approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
+        describe: str | None = None,
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"tool {fn.__name__!r} must be an async function")
+        if risk not in RISK_ORDER:
+            raise ValueError(f"unknown risk tier {risk!r}")
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.description = description or inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0] or self.name
+        self.risk: Risk = risk
+        self.approval_ttl_s = approval_ttl_s
+        self.describe_template = describe
+        if allowed_decisions is None:
+            allowed_decisions = ("approve", "reject", "edit")
+        self.allowed_decisions: tuple[Decision, ...] = tuple(allowed_decisions)
+
+        hints = get_type_hints(fn, include_extras=True)
+        fields: dict[str, Any] = {}
+        sensitive: set[str] = set()
+        self._context_param: str | None = None
+        for param in inspect.signature(fn).parameters.values():
+            annotation = hints.get(param.name, Any)
+            if annotation is ToolContext:
+                self._context_param = param.name
+                continue
+            if _is_sensitive(annotation):
+                sensitive.add(param.name)
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[param.name] = (annotation, default)
+        self.sensitive_args = frozenset(sensitive)
+        self.args_model: type[BaseModel] = create_model(  # type: ignore[call-overload]
+            f"{self.name}_args", __config__=ConfigDict(extra="forbid"), **fields
+        )
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name} risk={self.risk}>"
+
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (what the model is shown)."""
+        schema = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        return schema
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        """Validate model-given arguments; raises :class:`ToolArgsError` naming the fields."""
+        if not isinstance(args, dict):
+            raise ToolArgsError(self.name, [{"loc": (), "msg": "arguments must be a JSON object", "type": "type"}])
+        try:
+            model = self.args_model.model_validate(args)
+        except ValidationError as exc:
+            errors = [
+                {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+                for e in exc.errors(include_url=False, include_input=False)
+            ]
+            raise ToolArgsError(self.name, errors) from None
+        return {field: getattr(model, field) for field in type(model).model_fields}
+
+    def mask(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``args`` with sensitive values masked."""
+        if not self.sensitive_args:
+            return dict(args)
+        return {k: (mask_value(v) if k in self.sensitive_args else v) for k, v in args.items()}
+
+    def description_for(self, args: dict[str, Any]) -> str:
+        """The human description of one call (the approval card's title)."""
+        if self.describe_template:
+            try:
+                return self.describe_template.format(**self.mask(args))
+            except (KeyError, IndexError, ValueError):
+                pass
+        return self.description
+
+    async def call(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        """Run the tool with validated ``args``."""
+        if self._context_param is not None:
+            return await self.fn(**args, **{self._context_param: ctx})
+        return await self.fn(**args)
+
+
+def tool(
+    fn: Callable[..., Awaitable[Any]] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    risk: Risk = "read_only",
+    allowed_decisions: tuple[Decision, ...] | list[Decision] | None = None,
+    approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
+    describe: str | None = None,
+) -> Any:
+    """Make a :class:`Tool` of an async function; usable bare (``@tool``) or with options."""
+
+    def wrap(f: Callable[..., Awaitable[Any]]) -> Tool:
+        return Tool(
+            f,
+            name=name,
+            description=description,
+            risk=risk,
+            allowed_decisions=tuple(allowed_decisions) if allowed_decisions is not None else None,
+            approval_ttl_s=approval_ttl_s,
+            describe=describe,
+        )
+
+    return wrap(fn) if fn is not None else wrap
