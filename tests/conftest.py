@@ -33,12 +33,12 @@ def anyio_backend() -> str:
 
 
 class LiveServer:
-    """A uvicorn server running ``create_app(agent, db_url)`` in a background thread."""
+    """A uvicorn server running ``create_app(agent, db_url, **app_options)`` in a background thread."""
 
-    def __init__(self, agent: Agent, db_url: str) -> None:
+    def __init__(self, agent: Agent, db_url: str, **app_options: Any) -> None:
         self.agent = agent
         self.db_url = db_url
-        self.app = create_app(agent, db_url)
+        self.app = create_app(agent, db_url, **app_options)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="tether-test-server", daemon=True)

@@ -42,7 +42,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Self
 
 import anyio
 import openai
@@ -106,7 +106,7 @@ class OpenAIModel:
         """Close the HTTP connection pool."""
         await self._client.close()
 
-    async def __aenter__(self) -> OpenAIModel:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -3,8 +3,9 @@
 The follower subscribes to the bus *before* reading the store, so every event committed after
 the read is also in its queue; it then skips what it already has by ``seq``. When the live queue
 shows a gap (or overflowed), it reads the missing range back from the store. It stops after
-the terminal event. Closing the generator (a client went away) only unsubscribes: the run is
-not touched.
+the terminal event, also when the cursor is already at or past it (a client resuming after the
+end gets an empty stream that closes, not one that waits forever). Closing the generator (a
+client went away) only unsubscribes: the run is not touched.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ async def follow_run(
             yield page
             if page[-1].type in TERMINAL_TYPES:
                 return
+        if (await store.get_run(run_id)).terminal:
+            # The cursor is at or past the terminal event. A terminal status commits together
+            # with its terminal event, so the store holds the whole log: read what is left, end.
+            async for page in catch_up():
+                yield page
+            return
         while True:
             batch = await live.wait_for_events(idle_timeout)
             if batch is None:
@@ -56,6 +63,8 @@ async def follow_run(
                         return
             fresh = [e for e in batch if e.seq > last]
             if not fresh:
+                if any(e.type in TERMINAL_TYPES for e in batch):
+                    return  # the run ended at or before the cursor
                 continue
             last = fresh[-1].seq
             yield fresh

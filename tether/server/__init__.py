@@ -17,7 +17,7 @@ from .. import __version__
 from ..agent import Agent
 from ..runtime import Runtime
 from ..store import Store
-from . import runs, threads
+from . import review, runs, threads
 from ._errors import install_error_handlers
 
 __all__ = ["create_app"]
@@ -28,8 +28,14 @@ _INDEX = """<!doctype html><html lang="en"><meta charset="utf-8"><title>Tether</
 (OpenAPI: <a href="/openapi.json">/openapi.json</a>).</p></body></html>"""
 
 
-def create_app(agent: Agent, db_url: str) -> FastAPI:
-    """Build the application serving ``agent`` on the database at ``db_url``."""
+def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0) -> FastAPI:
+    """Build the application serving ``agent`` on the database at ``db_url``.
+
+    ``sse_ping_s`` is the longest an event stream stays silent: an idle stream gets a
+    ``: ping`` comment that often, so proxies and browsers do not time it out.
+    """
+    if sse_ping_s <= 0:
+        raise ValueError("sse_ping_s must be positive")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,9 +55,11 @@ def create_app(agent: Agent, db_url: str) -> FastAPI:
                 await store.aclose()
 
     app = FastAPI(title="Tether", version=__version__, lifespan=lifespan)
+    app.state.sse_ping_s = sse_ping_s
     install_error_handlers(app)
     app.include_router(threads.router)
     app.include_router(runs.router)
+    app.include_router(review.router)
     for route in agent.routes:
         app.router.routes.append(route)
 

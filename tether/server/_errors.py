@@ -62,6 +62,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, (ValueError, RecursionError)):
+            # FastAPI's "error parsing the body" for a body that is not UTF-8 or nests too
+            # deeply for the parser: as malformed as any other bad JSON, so the same answer.
+            details = [{"loc": ["body"], "msg": str(exc.__cause__)[:200], "type": "json_invalid"}]
+            return error_response(400, "invalid_json", "the request body is not valid JSON", details)
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         response = error_response(exc.status_code, code, str(exc.detail))
         if exc.headers:

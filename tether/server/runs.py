@@ -9,11 +9,15 @@ from fastapi.responses import JSONResponse, Response
 
 from ..errors import InvalidRequest
 from ..store import RunRecord
-from ._deps import actor_of, runtime_of, store_of
+from ._deps import actor_of, run_view, runtime_of, sse_ping_s_of, store_of
 from ._sse import sse_response
 from .schemas import CancelRun, CreateRun
 
 router = APIRouter(tags=["runs"])
+
+#: The largest seq a run can have (the column is a 32-bit INTEGER on PostgreSQL). Bounding the
+#: cursor here keeps an absurd ``after_seq`` a 422 instead of a database overflow (a 500).
+MAX_SEQ = 2**31 - 1
 
 
 def wants_event_stream(request: Request) -> bool:
@@ -49,21 +53,21 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
     runtime.launch(run)
     headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
     if wants_event_stream(request):
-        return sse_response(store, runtime.bus, run.id, after_seq=0, headers=headers)
+        return sse_response(store, runtime.bus, run.id, after_seq=0, ping_s=sse_ping_s_of(request), headers=headers)
     return JSONResponse(run.to_api(), status_code=202, headers=headers)
 
 
 @router.get("/v1/runs/{run_id}")
 async def get_run(request: Request, run_id: str) -> dict[str, Any]:
     """A run with its status and outcome."""
-    return (await _visible_run(request, run_id)).to_api()
+    return await run_view(store_of(request), await _visible_run(request, run_id))
 
 
 @router.get("/v1/runs/{run_id}/events", response_model=None)
 async def run_events(
     request: Request,
     run_id: str,
-    after_seq: int | None = Query(default=None, ge=0, description="Return events with seq > after_seq."),
+    after_seq: int | None = Query(default=None, ge=0, le=MAX_SEQ, description="Return events with seq > after_seq."),
     limit: int = Query(default=100, ge=1, le=1000, description="Page size of the JSON form."),
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID"),
 ) -> Response:
@@ -78,11 +82,14 @@ async def run_events(
                 "Last-Event-ID must be an event seq (an integer)", code="invalid_last_event_id",
                 details=[{"loc": ["header", "Last-Event-ID"], "msg": "not an integer", "type": "int_parsing"}],
             ) from None
-        if start < 0:
-            raise InvalidRequest("Last-Event-ID must not be negative", code="invalid_last_event_id")
+        if not 0 <= start <= MAX_SEQ:
+            raise InvalidRequest(
+                f"Last-Event-ID must be an event seq between 0 and {MAX_SEQ}", code="invalid_last_event_id",
+                details=[{"loc": ["header", "Last-Event-ID"], "msg": "out of range", "type": "less_than_equal"}],
+            )
     store = store_of(request)
     if wants_event_stream(request):
-        return sse_response(store, runtime_of(request).bus, run.id, after_seq=start)
+        return sse_response(store, runtime_of(request).bus, run.id, after_seq=start, ping_s=sse_ping_s_of(request))
     page = await store.read_events(run.id, after_seq=start, limit=limit)
     # The stored envelopes verbatim: the very same bytes the stream sends.
     body = '{"items":[' + ",".join(e.envelope for e in page) + "]}"
@@ -95,4 +102,4 @@ async def cancel_run(request: Request, run_id: str, body: CancelRun | None = Non
     await _visible_run(request, run_id)
     body = body or CancelRun()
     run = await runtime_of(request).cancel(run_id, mode=body.mode, reason=body.reason, actor=actor_of(request))
-    return JSONResponse(run.to_api(), status_code=202)
+    return JSONResponse(await run_view(store_of(request), run), status_code=202)

@@ -2,15 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..runtime.config import RunConfig
 
-__all__ = ["CreateThread", "RunInput", "CreateRun", "CancelRun"]
+__all__ = ["CreateThread", "RunInput", "CreateRun", "CancelRun", "ResumeThread", "DecisionBody"]
 
 _STRICT = ConfigDict(extra="forbid")
+
+
+#: How deeply free-form JSON (``metadata``) may nest; response encoding gives up far earlier
+#: than the JSON parser does.
+MAX_JSON_DEPTH = 32
+
+
+def _check_json_value(value: Any, depth: int = 0) -> None:
+    """Refuse what parses as JSON but cannot be stored and sent back as JSON.
+
+    Python's JSON parser accepts lone surrogates (``"\\ud800"``), overflowing numbers
+    (``1e400`` → ``inf``) and nesting hundreds of levels deep; none of these can be encoded in a
+    response again, so one such value in free-form ``metadata`` would make every later read of
+    the thread fail.
+    """
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("strings must be valid Unicode (no lone surrogates)") from None
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("numbers must be finite")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_json_value(key, depth + 1)
+            _check_json_value(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_json_value(item, depth + 1)
 
 
 class CreateThread(BaseModel):
@@ -18,6 +51,12 @@ class CreateThread(BaseModel):
 
     model_config = _STRICT
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("metadata")
+    @classmethod
+    def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_json_value(value)
+        return value
 
 
 class RunInput(BaseModel):
@@ -43,3 +82,45 @@ class CancelRun(BaseModel):
     model_config = _STRICT
     mode: Literal["soft", "hard"] = "soft"
     reason: str | None = Field(default=None, max_length=2000)
+
+
+class Approve(BaseModel):
+    """Run the action as proposed."""
+
+    model_config = _STRICT
+    decision: Literal["approve"]
+
+
+class Reject(BaseModel):
+    """Do not run the action; the reason goes back to the model."""
+
+    model_config = _STRICT
+    decision: Literal["reject"]
+    reason: str | None = Field(default=None, max_length=4000)
+
+
+class Edit(BaseModel):
+    """Run the action with these arguments (validated against the tool's schema)."""
+
+    model_config = _STRICT
+    decision: Literal["edit"]
+    args: dict[str, Any]
+
+
+class Respond(BaseModel):
+    """Do not run the action; this message is its result."""
+
+    model_config = _STRICT
+    decision: Literal["respond"]
+    message: str = Field(min_length=1, max_length=100_000)
+
+
+DecisionBody = Annotated[Approve | Reject | Edit | Respond, Field(discriminator="decision")]
+
+
+class ResumeThread(BaseModel):
+    """``POST /v1/threads/{id}/resume``: one decision per action of the interrupt, in order."""
+
+    model_config = _STRICT
+    interrupt_id: str = Field(min_length=1, max_length=64)
+    decisions: list[DecisionBody] = Field(min_length=1, max_length=100)

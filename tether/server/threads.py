@@ -7,7 +7,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 
 from ..store import MessageRecord
-from ._deps import actor_of, store_of
+from ._deps import actor_of, store_of, thread_views
 from .schemas import CreateThread
 
 router = APIRouter(prefix="/v1/threads", tags=["threads"])
@@ -26,8 +26,7 @@ async def list_threads(request: Request, limit: int = Query(default=100, ge=1, l
     """The caller's threads, newest first."""
     store = store_of(request)
     items = await store.list_threads(owner=actor_of(request), limit=limit)
-    active = await store.active_run_ids(t.id for t in items)
-    return {"items": [t.to_api(active_run_id=active.get(t.id)) for t in items]}
+    return {"items": await thread_views(store, items)}
 
 
 @router.get("/{thread_id}")
@@ -35,8 +34,7 @@ async def get_thread(request: Request, thread_id: str) -> dict[str, Any]:
     """One thread, with its active run."""
     store = store_of(request)
     thread = await store.get_thread(thread_id, owner=actor_of(request))
-    active = await store.active_run_ids([thread.id])
-    return thread.to_api(active_run_id=active.get(thread.id))
+    return (await thread_views(store, [thread]))[0]
 
 
 def _with_siblings(messages: list[MessageRecord], selected: list[MessageRecord]) -> list[dict[str, Any]]:
