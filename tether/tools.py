@@ -74,6 +74,7 @@ class Tool:
         allowed_decisions: tuple[Decision, ...] | None = None,
         approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
         describe: str | None = None,
+        allow_sensitive_edit: bool = False,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"tool {fn.__name__!r} must be an async function")
@@ -85,6 +86,8 @@ class Tool:
         self.risk: Risk = risk
         self.approval_ttl_s = approval_ttl_s
         self.describe_template = describe
+        #: Whether a reviewer's ``edit`` may change a sensitive argument (never reveal it).
+        self.allow_sensitive_edit = allow_sensitive_edit
         if allowed_decisions is None:
             allowed_decisions = ("approve", "reject", "edit")
         self.allowed_decisions: tuple[Decision, ...] = tuple(allowed_decisions)
@@ -163,6 +166,7 @@ def tool(
     allowed_decisions: tuple[Decision, ...] | list[Decision] | None = None,
     approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
     describe: str | None = None,
+    allow_sensitive_edit: bool = False,
 ) -> Any:
     """Make a :class:`Tool` of an async function; usable bare (``@tool``) or with options."""
 
@@ -175,6 +179,7 @@ def tool(
             allowed_decisions=tuple(allowed_decisions) if allowed_decisions is not None else None,
             approval_ttl_s=approval_ttl_s,
             describe=describe,
+            allow_sensitive_edit=allow_sensitive_edit,
         )
 
     return wrap(fn) if fn is not None else wrap

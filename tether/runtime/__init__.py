@@ -1,46 +1,59 @@
-"""The runtime: owns every executing run, routes cancels, recovers after a restart.
+"""The runtime: owns every executing run, routes cancels and resumes, expires interrupts,
+recovers after a restart.
 
 Runs are executed by tasks that belong to the :class:`Runtime` (which lives as long as the
 server's lifespan), never to an HTTP request, so a client that disconnects cannot stop a run.
-A task's failure is contained to its own run.
+A task's failure is contained to its own run. The expiry sweeper is one more owned task: it
+expires due interrupts with no client connected, including ones that fell due while the
+server was down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, Sequence
 
-from ..agent import Agent
-from ..events import Cancelled, Envelope, RunError
-from ..store import RunRecord, Store, StoredEvent
 from .._ids import utcnow
+from ..agent import Agent
+from ..errors import InterruptExpired, InterruptResolved, NotFound
+from ..events import Cancelled, Envelope, Event, Resumed, RunError
+from ..store import AuditEntry, InterruptRecord, RunRecord, Store, StoredEvent
 from .bus import LocalBus, Subscription
 from .config import RunConfig
 from .follow import follow_run
-from .runner import RunExecutor
+from .review import check_decisions
+from .runner import RunExecutor, tool_message, tool_result_event
 
 __all__ = ["Runtime", "RunConfig", "LocalBus", "Subscription", "follow_run"]
 
 log = logging.getLogger("tether.runtime")
 
 
-class Runtime:
-    """Starts, cancels and recovers runs of one agent on one store."""
+def _stored(run_id: str, seq: int, event: Event) -> StoredEvent:
+    envelope = Envelope.wrap(run_id, seq, event, utcnow())
+    return StoredEvent(seq, envelope.type, envelope.to_json())
 
-    def __init__(self, store: Store, agent: Agent, bus: LocalBus | None = None) -> None:
+
+class Runtime:
+    """Starts, resumes, cancels and recovers runs of one agent on one store."""
+
+    def __init__(self, store: Store, agent: Agent, bus: LocalBus | None = None, *, sweep_interval_s: float = 0.25) -> None:
         self.store = store
         self.agent = agent
         self.bus = bus or LocalBus()
+        self.sweep_interval_s = sweep_interval_s
         self._executors: dict[str, RunExecutor] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
 
     async def start(self) -> None:
-        """Recover what a previous process left behind."""
+        """Recover what a previous process left behind, then start the expiry sweeper."""
         await self._recover()
+        self._spawn(self._sweep_forever(), "interrupt-sweeper")
 
     async def aclose(self) -> None:
-        """Stop every executing task (their runs are recovered on the next start)."""
+        """Stop every owned task (executing runs are recovered on the next start)."""
         self._closing = True
         tasks = list(self._tasks)
         for task in tasks:
@@ -48,17 +61,20 @@ class Runtime:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    # -- runs ------------------------------------------------------------------------------
-
-    def launch(self, run: RunRecord) -> None:
-        """Start executing a queued run in a task owned by the runtime."""
-        if self._closing or run.id in self._executors:
-            return
-        executor = RunExecutor(self.store, self.bus, self.agent, run)
-        self._executors[run.id] = executor  # registered before the task runs: cancel finds it
-        task = asyncio.create_task(self._drive(executor), name=f"run-{run.id}")
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def launch(self, run: RunRecord, *, resume: InterruptRecord | None = None) -> None:
+        """Execute a run (queued, or resumed after ``resume``) in a task owned by the runtime."""
+        if self._closing or run.id in self._executors:
+            return
+        executor = RunExecutor(self.store, self.bus, self.agent, run, resume=resume)
+        self._executors[run.id] = executor  # registered before the task runs: cancel finds it
+        self._spawn(self._drive(executor), f"run-{run.id}")
 
     async def _drive(self, executor: RunExecutor) -> None:
         try:
@@ -76,48 +92,184 @@ class Runtime:
         """Explicitly cancel a run (the only way a run becomes ``cancelled``).
 
         Idempotent while cancelling; a ``hard`` request upgrades an earlier ``soft`` one.
-        Raises :class:`RunNotActive` once the run is terminal.
+        Raises :class:`~tether.errors.RunNotActive` once the run is terminal.
         """
         record = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor)
+        await self.store.add_audit(
+            [AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})]
+        )
         executor = self._executors.get(run_id)
         if executor is not None:
             executor.request_cancel(record.cancel_mode or mode)
         else:
-            # Nothing executes it here (queued elsewhere, waiting for a human, or orphaned):
-            # finish it directly. The conditional write makes a racing finisher harmless.
-            await self._finish_without_executor(record)
+            # Nothing executes it here (queued, waiting for a human, or orphaned): finish it
+            # directly. The conditional write makes a racing finisher harmless.
+            await self._cancel_without_executor(record)
         return await self.store.get_run(run_id)
 
-    async def _finish_without_executor(self, record: RunRecord) -> None:
+    async def _cancel_without_executor(self, record: RunRecord) -> None:
+        """Finish a cancelling run that no task executes; a pending interrupt's gated calls
+        get ``cancelled`` results and never run."""
         seq = await self.store.last_seq(record.id) + 1
+        before: list[StoredEvent] = []
+        pending = await self.store.pending_interrupts(run_ids=[record.id])
+        if pending:
+            interrupt = pending[0]
+            items = interrupt.turn["calls"]
+            parent = interrupt.turn["assistant_message_id"]
+            for item in items:
+                if item["status"] is None:
+                    item.update(status="cancelled", reason="run cancelled while waiting for review")
+                    before.append(_stored(record.id, seq, tool_result_event(item)))
+                    seq += 1
+            for item in items:
+                message = tool_message(item, thread_id=record.thread_id, run_id=record.id, parent_id=parent)
+                await self.store.add_message(message)
+                parent = message.id
         event = Cancelled(mode=record.cancel_mode or "soft", reason=record.cancel_reason, actor=record.cancel_actor, partial_message_id=None)  # type: ignore[arg-type]
-        await self._write_final(record.id, seq, event, "cancelled", ("cancelling",), None)
+        await self._write_final(record.id, _stored(record.id, seq, event), "cancelled", ("cancelling",), None, before)
 
-    async def _write_final(self, run_id: str, seq: int, event: Cancelled | RunError, status: str, allowed: tuple[str, ...], error: dict | None) -> bool:
-        envelope = Envelope.wrap(run_id, seq, event, utcnow())
-        final = StoredEvent(seq, envelope.type, envelope.to_json())
-        written = await self.store.finish_run(run_id, status=status, final_event=final, from_statuses=allowed, error=error)
+    async def _write_final(
+        self, run_id: str, final: StoredEvent, status: str, allowed: tuple[str, ...], error: dict[str, Any] | None,
+        before: Sequence[StoredEvent] = (),
+    ) -> bool:
+        written = await self.store.finish_run(run_id, status=status, final_event=final, from_statuses=allowed, error=error, events_before=before)
         if written:
-            self.bus.publish(run_id, [final])
+            self.bus.publish(run_id, [*before, final])
         return written
+
+    # -- human review ----------------------------------------------------------------------
+
+    async def resume(self, thread_id: str, interrupt_id: str, decisions: list[dict[str, Any]], *, actor: str) -> RunRecord:
+        """Apply a human's decisions to a pending interrupt and continue its run.
+
+        All or nothing: the decisions are validated first (422/403 leave the interrupt
+        pending); then one conditional write decides the winner, so of racing resumes exactly
+        one succeeds and the gated tools run once.
+        """
+        interrupt = await self.store.get_interrupt(interrupt_id)
+        if interrupt.thread_id != thread_id:
+            raise NotFound(f"interrupt {interrupt_id!r} not found in thread {thread_id!r}", code="interrupt_not_found")
+        now = utcnow()
+        if interrupt.status == "expired" or (interrupt.status == "pending" and interrupt.expires_at <= now):
+            raise InterruptExpired(f"interrupt {interrupt_id!r} expired; its actions were rejected and can never run")
+        if interrupt.status != "pending":
+            raise InterruptResolved(f"interrupt {interrupt_id!r} is already {interrupt.status}", details={"status": interrupt.status})
+        items = interrupt.turn["calls"]
+        gated = [i for i in items if i["gated"] and i["status"] is None]
+        normalised = check_decisions(self.agent.tools, gated, decisions)
+        public: list[dict[str, Any]] = []
+        entries: list[AuditEntry] = []
+        for item, decision in zip(gated, normalised):
+            item["decision"] = decision
+            tool = self.agent.tools[item["name"]]
+            shown = {k: v for k, v in decision.items() if k != "args"}
+            details: dict[str, Any] | None = None
+            if decision["decision"] == "edit":
+                shown["args"] = tool.mask(decision["args"])
+                details = {"original_args": tool.mask(item["args"]), "edited_args": shown["args"]}
+            public.append(shown)
+            entries.append(
+                AuditEntry(
+                    "decision", actor, thread_id, interrupt.run_id, interrupt_id, item["id"], item["name"],
+                    decision=decision["decision"], reason=decision.get("reason"), outcome="accepted", details=details,
+                )
+            )
+        resolved, event = await self.store.leave_pending(
+            interrupt_id, to_status="resolved", now=now, decisions=public, turn=interrupt.turn, actor=actor,
+            make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public)),
+            audit_entries=entries,
+        )
+        self.bus.publish(resolved.run_id, [event])
+        run = await self.store.get_run(resolved.run_id)
+        self.launch(run, resume=resolved)
+        return run
+
+    async def expire(self, interrupt: InterruptRecord) -> bool:
+        """Expire a due interrupt: its gated actions are rejected as ``expired`` and the run
+        goes on so the model can wrap up. False if someone else settled it first."""
+        gated = [i for i in interrupt.turn["calls"] if i["gated"] and i["status"] is None]
+        for item in gated:
+            item["decision"] = {"call_id": item["id"], "decision": "expired"}
+        public = [{"call_id": i["id"], "decision": "expired"} for i in gated]
+        try:
+            resolved, event = await self.store.leave_pending(
+                interrupt.id, to_status="expired", now=utcnow(), decisions=public, turn=interrupt.turn, actor="system",
+                make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public)),
+                audit_entries=[
+                    AuditEntry("expired", "system", interrupt.thread_id, interrupt.run_id, interrupt.id, i["id"], i["name"], decision="expired", outcome="not_executed")
+                    for i in gated
+                ],
+            )
+        except (InterruptResolved, InterruptExpired):
+            return False
+        self.bus.publish(resolved.run_id, [event])
+        self.launch(await self.store.get_run(resolved.run_id), resume=resolved)
+        return True
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                for interrupt in await self.store.due_interrupts(utcnow()):
+                    await self.expire(interrupt)
+            except Exception:
+                log.exception("interrupt sweeper failed; retrying")
+            await asyncio.sleep(self.sweep_interval_s)
 
     # -- recovery --------------------------------------------------------------------------
 
     async def _recover(self) -> None:
         """Finish what a dead process left: ``running`` → failed (``server_restarted``),
-        ``cancelling`` → cancelled, ``queued`` → executed now."""
+        ``cancelling`` → cancelled, ``queued`` → executed now. ``waiting_human`` runs need
+        nothing: they live in the store only."""
         for run in await self.store.runs_in_status(("running", "cancelling", "queued")):
             if run.status == "queued":
                 self.launch(run)
                 continue
             await self._settle_partial_messages(run)
+            await self._settle_unanswered_calls(run)
             if run.status == "cancelling":
-                await self._finish_without_executor(run)
+                await self._cancel_without_executor(run)
             else:
                 seq = await self.store.last_seq(run.id) + 1
                 error = RunError(code="server_restarted", message="the server stopped while this run was executing", retryable=True)
-                await self._write_final(run.id, seq, error, "failed", ("running",), {"code": error.code, "message": error.message})
+                await self._write_final(run.id, _stored(run.id, seq, error), "failed", ("running",), {"code": error.code, "message": error.message})
             log.info("recovered run %s (was %s)", run.id, run.status)
+
+    async def _settle_unanswered_calls(self, run: RunRecord) -> None:
+        """Give each tool call a dead process left without a result the ``unknown`` result.
+
+        The call may or may not have had its effect, so it is never re-run on its own (DESIGN
+        §9); and the stored history answers every call, or the next model request is invalid.
+        Idempotent: a crash during recovery leaves nothing to redo twice.
+        """
+        calls: dict[str, str] = {}
+        answered: set[str] = set()
+        after = 0
+        while page := await self.store.read_events(run.id, after_seq=after, limit=5000):
+            after = page[-1].seq
+            for stored in page:
+                if stored.type in ("tool_call", "tool_result"):
+                    data = Envelope.from_json(stored.envelope).data
+                    if stored.type == "tool_call":
+                        calls[data["call_id"]] = data["name"]
+                    else:
+                        answered.add(data["call_id"])
+        reason = "the server stopped while this tool call was executing; its outcome is unknown"
+        items = [{"id": c, "name": n, "status": "unknown", "reason": reason} for c, n in calls.items() if c not in answered]
+        if not items:
+            return
+        batch = [_stored(run.id, after + 1 + i, tool_result_event(item)) for i, item in enumerate(items)]
+        await self.store.append_events(run.id, batch)
+        self.bus.publish(run.id, batch)
+        messages = await self.store.thread_messages(run.thread_id)
+        answered_in_history = {m.tool_call_id for m in messages if m.run_id == run.id and m.role == "tool"}
+        parent = (await self.store.get_thread(run.thread_id)).active_leaf_id
+        for item in items:
+            if item["id"] not in answered_in_history:
+                message = tool_message(item, thread_id=run.thread_id, run_id=run.id, parent_id=parent)
+                await self.store.add_message(message)
+                parent = message.id
 
     async def _settle_partial_messages(self, run: RunRecord) -> None:
         """Give a dead run's half-written assistant messages their streamed text, flagged."""
@@ -136,4 +288,3 @@ class Runtime:
             if message.run_id == run.id and message.status == "partial":
                 status = "cancelled" if run.status == "cancelling" else "failed"
                 await self.store.update_message(message.id, content="".join(texts.get(message.id, [])), status=status)
-

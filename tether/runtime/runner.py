@@ -1,11 +1,19 @@
-"""The step loop of one run: model call → tool calls → results → next model call → done.
+"""The step loop of one run: model call → tool calls → (human review) → results → … → done.
 
-A :class:`RunExecutor` is created per run and driven by :class:`~tether.runtime.Runtime`, which
-owns its task. Every event goes through the run's :class:`~tether.runtime.eventlog.EventLog`
-(durable before sent). The run ends with exactly one terminal event, written in the same
-transaction as the run's final status.
+A :class:`RunExecutor` is created per execution segment of a run and driven by
+:class:`~tether.runtime.Runtime`, which owns its task. Every event goes through the run's
+:class:`~tether.runtime.eventlog.EventLog` (durable before sent). The run ends with exactly one
+terminal event, written in the same transaction as the run's final status.
 
-Cancellation is the run's own, kept apart from an outside ``CancelledError`` (server
+**Human review.** Per model turn, arguments are validated first (invalid ones become an
+``error`` result for the model); calls below the review gate run at once, concurrently; the
+gated ones go into one interrupt. Parking the run (``running → waiting_human``, the interrupt
+row and its event) is one transaction, after which the executor simply returns: a waiting run
+holds no task and no memory. The parked turn (every call in the model's order, real args,
+results already obtained) lives in the interrupt row. A resume starts a new executor that
+applies the decisions, records one result per call in the model's order, and goes on.
+
+**Cancellation** is the run's own, kept apart from an outside ``CancelledError`` (server
 shutdown): :meth:`RunExecutor.request_cancel` cancels the *model* scope at once (both modes)
 and, for ``hard``, the *tools* scope too; ``soft`` lets executing tools finish and record their
 results. Only at the run's edge does a requested cancel become the ``cancelled`` outcome. An
@@ -16,24 +24,29 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import aclosing
+from datetime import timedelta
 from typing import Any
 
 import anyio
-from contextlib import aclosing
 
-from .._ids import new_id
+from .._ids import new_id, utcnow
 from ..agent import Agent
 from ..errors import ModelError
-from ..events import Cancelled, Done, Event, RunError, Status, Thinking, Token, ToolCall, ToolResult
+from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, Thinking, Token, ToolCall, ToolResult, format_ts
 from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
-from ..store import MessageRecord, RunRecord, Store
+from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
 from ..tools import Tool, ToolArgsError, ToolContext
 from .config import RunConfig
 from .eventlog import EventLog
+from .review import action_request, is_gated, review_config
 
-__all__ = ["RunExecutor", "to_chat_messages"]
+__all__ = ["RunExecutor", "to_chat_messages", "tool_message", "tool_result_event"]
 
 log = logging.getLogger("tether.runtime")
+
+#: Returned by the loop when the run parked on an interrupt (no terminal event).
+WAITING = object()
 
 
 def to_chat_messages(path: list[MessageRecord]) -> list[ChatMessage]:
@@ -51,25 +64,46 @@ def to_chat_messages(path: list[MessageRecord]) -> list[ChatMessage]:
     return history
 
 
-def _json_result(value: Any) -> Any:
-    """Make a tool's return value JSON-safe (the event log and the model need JSON)."""
+def _json_safe(value: Any) -> Any:
+    """Make a value JSON-safe (the event log, the store and the model need JSON)."""
     try:
         return json.loads(json.dumps(value, default=str))
     except (TypeError, ValueError):
         return str(value)
 
 
-class _Finished(Exception):
-    """Internal: the loop reached its end; carries the terminal event."""
+def tool_result_event(item: dict[str, Any]) -> ToolResult:
+    """The ``tool_result`` event of a settled call item."""
+    return ToolResult(
+        call_id=item["id"], name=item["name"], status=item["status"],
+        result=item.get("result"), error=item.get("error"), reason=item.get("reason"),
+    )
+
+
+def tool_message(item: dict[str, Any], *, thread_id: str, run_id: str, parent_id: str | None) -> MessageRecord:
+    """The tool message (what the model reads next) of a settled call item."""
+    status = item["status"]
+    if status == "ok":
+        content = json.dumps(item.get("result"), ensure_ascii=False)
+    elif status == "responded":
+        content = str(item.get("result"))
+    else:
+        detail = {k: item[k] for k in ("error", "reason") if item.get(k)}
+        content = json.dumps({"status": status, **detail}, ensure_ascii=False)
+    return MessageRecord(
+        new_id("msg"), thread_id, parent_id, run_id, "tool", content,
+        tool_call_id=item["id"], name=item["name"], status="cancelled" if status == "cancelled" else "complete",
+    )
 
 
 class RunExecutor:
-    """Executes one run from its current state to a terminal event."""
+    """Executes one run from its current state to a terminal event or a human pause."""
 
-    def __init__(self, store: Store, bus: Any, agent: Agent, run: RunRecord) -> None:
+    def __init__(self, store: Store, bus: Any, agent: Agent, run: RunRecord, *, resume: InterruptRecord | None = None) -> None:
         self.store = store
         self.agent = agent
         self.run = run
+        self.resume = resume
         self.config = RunConfig.model_validate(run.config)
         self._bus = bus
         self.log: EventLog = None  # type: ignore[assignment]  # created by execute()
@@ -94,26 +128,29 @@ class RunExecutor:
     # -- the loop ----------------------------------------------------------------------------
 
     async def execute(self) -> None:
-        """Run to a terminal state. Outside cancellation propagates and leaves the run as is."""
+        """Run to a terminal state or a pause. Outside cancellation propagates, leaving the run as is."""
         self.log = EventLog(self.store, self._bus, self.run.id, next_seq=await self.store.last_seq(self.run.id) + 1)
         self.log.start()
         try:
-            if not await self.store.mark_running(self.run.id):
-                current = await self.store.get_run(self.run.id)
-                if current.status != "cancelling":
-                    return  # someone else owns it, or it is terminal
-                self.cancel_mode = current.cancel_mode or "soft"
-            outcome = await self._loop()
-            await self._finish(outcome)
+            if self.resume is None:
+                if not await self.store.mark_running(self.run.id):
+                    current = await self.store.get_run(self.run.id)
+                    if current.status != "cancelling":
+                        return  # someone else owns it, or it is terminal
+                    self.cancel_mode = current.cancel_mode or "soft"
+                history = to_chat_messages(await self.store.path_to(self.run.thread_id, self.run.input_message_id))
+            else:
+                history = await self._apply_review(self.resume)
+            outcome = await self._loop(history)
+            if outcome is not WAITING:
+                await self._finish(outcome)  # type: ignore[arg-type]
         except Exception as exc:  # an internal fault: the run fails, the server does not
             log.exception("run %s failed", self.run.id)
             await self._finish(RunError(code="internal_error", message=f"{type(exc).__name__}: {exc}"))
         finally:
             await self.log.aclose()
 
-    async def _loop(self) -> Event:
-        path = await self.store.path_to(self.run.thread_id, self.run.input_message_id)
-        history = to_chat_messages(path)
+    async def _loop(self, history: list[ChatMessage]) -> Event | object:
         max_steps = self.config.max_steps or self.agent.max_steps
         tool_specs = self.agent.tool_specs()
         for _ in range(max_steps):
@@ -127,8 +164,10 @@ class RunExecutor:
             history.append(ChatMessage("assistant", text, tuple(calls)))
             if not calls:
                 return Done(message_id=message_id)
-            results = await self._run_tools(calls)
-            history.extend(results)
+            results = await self._handle_calls(calls)
+            if results is WAITING:
+                return WAITING
+            history.extend(results)  # type: ignore[arg-type]
             if self.cancel_mode:
                 return self._cancelled_event()
         return RunError(code="max_steps_exceeded", message=f"the run made {max_steps} model calls without finishing")
@@ -148,7 +187,7 @@ class RunExecutor:
             if self.cancel_mode:
                 scope.cancel()
             try:
-                async with aclosing(self.agent.model.stream(request)) as stream:
+                async with aclosing(self.agent.model.stream(request)) as stream:  # type: ignore[type-var]
                     async for delta in stream:
                         if isinstance(delta, TextDelta):
                             if delta.text:
@@ -167,7 +206,7 @@ class RunExecutor:
             finally:
                 self._model_scope = None
         text = "".join(parts)
-        if scope.cancelled_caught or (self.cancel_mode and failure is None and scope.cancel_called):
+        if scope.cancel_called and failure is None:
             await self.store.update_message(message.id, content=text, status="cancelled")
             return message.id, text, [], None
         if failure is not None:
@@ -183,76 +222,145 @@ class RunExecutor:
         args = call.args
         if tool is not None and isinstance(args, dict):
             args = tool.mask(args)
-        return {"id": call.id, "name": call.name, "args": args}
+        return {"id": call.id, "name": call.name, "args": _json_safe(args)}
 
     # -- tools -------------------------------------------------------------------------------
 
-    async def _run_tools(self, calls: list[ToolCallRequest]) -> list[ChatMessage]:
-        """Announce every call, run them concurrently, record one result per call (model order)."""
-        results: dict[str, tuple[str, Any, str | None]] = {}
+    async def _handle_calls(self, calls: list[ToolCallRequest]) -> list[ChatMessage] | object:
+        """Validate and announce every call; run the ungated ones; park on the gated ones."""
+        threshold = self.config.approval_threshold
+        items: list[dict[str, Any]] = []
         for call in calls:
             tool = self.agent.tools.get(call.name)
-            risk = tool.risk if tool else "read_only"
-            args = tool.mask(call.args) if tool and isinstance(call.args, dict) else call.args
+            item: dict[str, Any] = {"id": call.id, "name": call.name, "args": call.args, "gated": False, "status": None}
+            if tool is None:
+                item.update(status="error", error=f"unknown tool {call.name!r}; available: {', '.join(self.agent.tools) or 'none'}")
+            else:
+                try:
+                    item["args"] = _json_safe(tool.validate(call.args if isinstance(call.args, dict) else _parse_args(call.args)))
+                    item["gated"] = is_gated(tool, threshold)
+                except ToolArgsError as exc:
+                    item.update(status="error", error=str(exc))
+            items.append(item)
+            shown = tool.mask(call.args) if tool and isinstance(call.args, dict) else call.args
             self.log.emit(
-                ToolCall(call_id=call.id, name=call.name, args=args if isinstance(args, dict) else {"_raw": args}, risk=risk, gated=False)
+                ToolCall(
+                    call_id=call.id, name=call.name, args=_json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
+                    risk=tool.risk if tool else "read_only", gated=item["gated"],
+                )
             )
+        for item in items:
+            if item["status"] == "error":
+                self.log.emit(tool_result_event(item))
+        await self._execute([i for i in items if i["status"] is None and not i["gated"]], audited=False)
+        gated = [i for i in items if i["status"] is None and i["gated"]]
+        if gated and not self.cancel_mode:
+            if await self._park(items, gated):
+                return WAITING
+        return await self._settle(items)
 
-        async def run_one(call: ToolCallRequest) -> None:
-            status, result, error = await self._run_tool(call)
-            results[call.id] = (status, result, error)
-
-        self.log.emit(Status(stage="tool", detail=", ".join(c.name for c in calls)))
+    async def _execute(self, items: list[dict[str, Any]], *, audited: bool) -> None:
+        """Run the calls of ``items`` concurrently (each gets a status and a ``tool_result``)."""
+        if not items or self.cancel_mode:
+            return  # after a cancel request nothing new starts; _settle marks them cancelled
+        self.log.emit(Status(stage="tool", detail=", ".join(i["name"] for i in items)))
         with anyio.CancelScope() as scope:
             self._tools_scope = scope
             if self.cancel_mode == "hard":
                 scope.cancel()
             try:
                 async with anyio.create_task_group() as tg:
-                    for call in calls:
-                        tg.start_soon(run_one, call)
+                    for item in items:
+                        tg.start_soon(self._run_tool, item)
             finally:
                 self._tools_scope = None
-
-        messages: list[ChatMessage] = []
-        for call in calls:
-            status, result, error = results.get(call.id, ("cancelled", None, "cancelled before it started"))
-            if call.id not in results:
-                self.log.emit(ToolResult(call_id=call.id, name=call.name, status="cancelled", reason="run cancelled"))
-            content = json.dumps(result, ensure_ascii=False) if status == "ok" else json.dumps({"status": status, "error": error})
-            record = MessageRecord(
-                new_id("msg"), self.run.thread_id, self._leaf_id, self.run.id, "tool", content,
-                tool_call_id=call.id, name=call.name, status="cancelled" if status == "cancelled" else "complete",
+        if audited:
+            await self.store.add_audit(
+                [
+                    AuditEntry(
+                        "tool_executed", "system", self.run.thread_id, self.run.id, self.resume.id if self.resume else None,
+                        i["id"], i["name"], args_digest(self.agent.tools[i["name"]].mask(i["args"])), outcome=i["status"] or "cancelled",
+                    )
+                    for i in items
+                ]
             )
-            await self.store.add_message(record)
-            self._leaf_id = record.id
-            messages.append(ChatMessage("tool", content, (), call.id, call.name))
-        return messages
 
-    async def _run_tool(self, call: ToolCallRequest) -> tuple[str, Any, str | None]:
-        tool: Tool | None = self.agent.tools.get(call.name)
-        if tool is None:
-            error = f"unknown tool {call.name!r}; available: {', '.join(self.agent.tools) or 'none'}"
-            self.log.emit(ToolResult(call_id=call.id, name=call.name, status="error", error=error))
-            return "error", None, error
+    async def _run_tool(self, item: dict[str, Any]) -> None:
+        tool: Tool = self.agent.tools[item["name"]]
+        ctx = ToolContext(run_id=self.run.id, thread_id=self.run.thread_id, call_id=item["id"])
         try:
-            args = tool.validate(call.args if isinstance(call.args, dict) else _parse_args(call.args))
-        except ToolArgsError as exc:
-            self.log.emit(ToolResult(call_id=call.id, name=call.name, status="error", error=str(exc)))
-            return "error", None, str(exc)
-        ctx = ToolContext(run_id=self.run.id, thread_id=self.run.thread_id, call_id=call.id)
-        try:
-            value = await tool.call(args, ctx)
+            value = await tool.call(tool.validate(item["args"]), ctx)
         except anyio.get_cancelled_exc_class():
-            self.log.emit(ToolResult(call_id=call.id, name=call.name, status="cancelled", reason="run cancelled (hard)"))
+            item.update(status="cancelled", reason="run cancelled (hard)")
+            self.log.emit(tool_result_event(item))
             raise
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            self.log.emit(ToolResult(call_id=call.id, name=call.name, status="error", error=error))
-            return "error", None, error
-        result = _json_result(value)
-        self.log.emit(ToolResult(call_id=call.id, name=call.name, status="ok", result=result))
-        return "ok", result, None
+            item.update(status="error", error=f"{type(exc).__name__}: {exc}")
+        else:
+            item.update(status="ok", result=_json_safe(value))
+        self.log.emit(tool_result_event(item))
+
+    async def _park(self, items: list[dict[str, Any]], gated: list[dict[str, Any]]) -> bool:
+        """Open one interrupt for the gated calls; False if a cancel came first."""
+        tools = [self.agent.tools[i["name"]] for i in gated]
+        ttl = self.config.approval_ttl_s or min(t.approval_ttl_s for t in tools)
+        now = utcnow()
+        expires = now + timedelta(seconds=ttl)
+        interrupt_id = new_id("int")
+        requests = [action_request(t, i["id"], i["args"]) for t, i in zip(tools, gated)]
+        configs = [review_config(t) for t in tools]
+        await self.log.wait_for_idle()
+        event = self.log.seal(Interrupt(interrupt_id=interrupt_id, action_requests=requests, review_configs=configs, expires_at=format_ts(expires)))
+        record = InterruptRecord(
+            interrupt_id, self.run.id, self.run.thread_id, "pending", requests, configs,
+            {"assistant_message_id": self._leaf_id, "calls": items}, None, None, now, expires, None,
+        )
+        if await self.store.open_interrupt(record, event):
+            self.log.publish_final(event)
+            return True
+        self.log.unseal(event)
+        return False
+
+    async def _settle(self, items: list[dict[str, Any]]) -> list[ChatMessage]:
+        """Give every unsettled call the ``cancelled`` result, store one tool message per call
+        in the model's order, and return them as history."""
+        for item in items:
+            if item["status"] is None:
+                item.update(status="cancelled", reason="run cancelled before it ran")
+                self.log.emit(tool_result_event(item))
+        history: list[ChatMessage] = []
+        for item in items:
+            record = tool_message(item, thread_id=self.run.thread_id, run_id=self.run.id, parent_id=self._leaf_id)
+            await self.store.add_message(record)
+            self._leaf_id = record.id
+            history.append(ChatMessage("tool", record.content, (), item["id"], item["name"]))
+        return history
+
+    async def _apply_review(self, interrupt: InterruptRecord) -> list[ChatMessage]:
+        """Carry out the decisions (or the expiry) of a resolved interrupt, then rebuild history."""
+        self._leaf_id = interrupt.turn["assistant_message_id"]
+        items: list[dict[str, Any]] = interrupt.turn["calls"]
+        to_run: list[dict[str, Any]] = []
+        for item in items:
+            if item["status"] is not None or not item["gated"]:
+                continue
+            decision = item.get("decision") or {"decision": "expired"}
+            kind = decision["decision"]
+            if kind in ("approve", "edit"):
+                if kind == "edit":
+                    item["args"] = decision["args"]
+                to_run.append(item)
+                continue
+            if kind == "reject":
+                item.update(status="rejected", reason=decision.get("reason") or "rejected by reviewer")
+            elif kind == "respond":
+                item.update(status="responded", result=decision["message"])
+            else:
+                item.update(status="expired", reason="the approval window closed; the action was not executed")
+            self.log.emit(tool_result_event(item))
+        await self._execute(to_run, audited=True)
+        await self._settle(items)
+        return to_chat_messages(await self.store.path_to(self.run.thread_id, self._leaf_id))
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -276,9 +384,9 @@ class RunExecutor:
                 return
             self.log.unseal(final)  # not written: its seq is still free
             # The run is no longer `running`: a cancel was committed first. It wins.
-            if self._partial_message_id is None and isinstance(outcome, Done):
+            if self._partial_message_id is None and isinstance(outcome, Done) and outcome.message_id:
                 self._partial_message_id = outcome.message_id
-                await self.store.update_message(outcome.message_id, status="cancelled")  # type: ignore[arg-type]
+                await self.store.update_message(outcome.message_id, status="cancelled")
         current = await self.store.get_run(self.run.id)
         if current.status != "cancelling":
             log.warning("run %s: cannot finish, status is %s", self.run.id, current.status)
@@ -299,4 +407,3 @@ def _parse_args(raw: str) -> Any:
         return json.loads(raw) if raw.strip() else {}
     except ValueError:
         return raw
-

@@ -84,3 +84,48 @@ events = sa.Table(
     # The canonical envelope JSON, byte for byte what SSE sends.
     sa.Column("envelope", sa.Text, nullable=False),
 )
+
+interrupts = sa.Table(
+    "interrupts",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(64), sa.ForeignKey("runs.id"), nullable=False),
+    sa.Column("thread_id", sa.String(64), sa.ForeignKey("threads.id"), nullable=False),
+    # pending | resolved | expired | cancelled; exactly one transition ever leaves pending.
+    sa.Column("status", sa.String(16), nullable=False),
+    # What reviewers see (sensitive args masked).
+    sa.Column("action_requests", JSONType, nullable=False),
+    sa.Column("review_configs", JSONType, nullable=False),
+    # The parked model turn: its assistant message id and every tool call in the model's order,
+    # with real args, decisions and the results already obtained. Never shown through the API.
+    sa.Column("turn", JSONType, nullable=False),
+    sa.Column("decisions", JSONType, nullable=True),
+    sa.Column("resolved_by", sa.String(200), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False),
+    sa.Column("resolved_at", Timestamp, nullable=True),
+    sa.Index("ix_interrupts_run", "run_id"),
+    sa.Index("ix_interrupts_status_expires", "status", "expires_at"),
+)
+
+audit = sa.Table(
+    "audit",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("ts", Timestamp, nullable=False),
+    sa.Column("actor", sa.String(200), nullable=False),
+    # decision | expired | cancel | tool_executed
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("thread_id", sa.String(64), nullable=True),
+    sa.Column("run_id", sa.String(64), nullable=True),
+    sa.Column("interrupt_id", sa.String(64), nullable=True),
+    sa.Column("call_id", sa.String(128), nullable=True),
+    sa.Column("tool", sa.String(200), nullable=True),
+    sa.Column("args_digest", sa.String(80), nullable=True),
+    sa.Column("decision", sa.String(16), nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("outcome", sa.String(32), nullable=True),
+    sa.Column("details", JSONType, nullable=True),
+    sa.Index("ix_audit_thread", "thread_id", "ts"),
+    sa.Index("ix_audit_run", "run_id", "ts"),
+)

@@ -1,0 +1,91 @@
+"""The review gate: which tool calls need a human, and what a valid set of decisions is.
+
+Pure functions over tools and interrupt state; the runtime and the resume endpoint use them.
+
+A call is *gated* when its tool's risk is at or above the run's ``approval_threshold``
+(``destructive`` always is), or when its tool cannot be approved at all, only answered
+(``ask_user``-style tools allow only ``respond``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..errors import Forbidden, InvalidRequest
+from ..tools import RISK_ORDER, Tool, ToolArgsError, mask_value
+
+__all__ = ["is_gated", "action_request", "review_config", "check_decisions"]
+
+
+def is_gated(tool: Tool, threshold: str) -> bool:
+    """True when a call of ``tool`` must wait for a human in a run with this threshold."""
+    if "approve" not in tool.allowed_decisions:
+        return True
+    return tool.risk != "read_only" and RISK_ORDER[tool.risk] >= RISK_ORDER[threshold]
+
+
+def action_request(tool: Tool, call_id: str, args: dict[str, Any]) -> dict[str, Any]:
+    """What a reviewer is shown for one gated call (sensitive args masked)."""
+    return {"call_id": call_id, "action": tool.name, "args": tool.mask(args), "description": tool.description_for(args), "risk": tool.risk}
+
+
+def review_config(tool: Tool) -> dict[str, Any]:
+    """The decisions a reviewer may take on a call of ``tool``."""
+    return {"allowed_decisions": list(tool.allowed_decisions)}
+
+
+def _edited_args(tool: Tool, index: int, original: dict[str, Any], edited: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(edited)
+    for name in tool.sensitive_args:
+        real = original.get(name)
+        if name not in merged or merged[name] == mask_value(real):
+            merged[name] = real  # the reviewer saw only the mask: keep the real value
+        elif merged[name] != real and not tool.allow_sensitive_edit:
+            raise InvalidRequest(
+                f"argument {name!r} of {tool.name} is sensitive and cannot be edited",
+                code="sensitive_arg_locked",
+                details=[{"loc": ["body", "decisions", index, "args", name], "msg": "sensitive argument cannot be edited", "type": "sensitive"}],
+            )
+    try:
+        return tool.validate(merged)
+    except ToolArgsError as exc:
+        details = [
+            {"loc": ["body", "decisions", index, "args", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors
+        ]
+        raise InvalidRequest(f"edited arguments are invalid: {exc}", code="invalid_edited_args", details=details) from None
+
+
+def check_decisions(
+    tools: dict[str, Tool], gated_calls: Sequence[dict[str, Any]], decisions: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Validate one decision per gated call, in order; all or nothing.
+
+    Returns the decisions normalised for execution (``edit`` carries the real, validated
+    args). Raises :class:`InvalidRequest` (422) or :class:`Forbidden` (403); nothing changes.
+    """
+    if len(decisions) != len(gated_calls):
+        raise InvalidRequest(
+            f"expected {len(gated_calls)} decisions (one per action, in order), got {len(decisions)}",
+            code="decision_count_mismatch",
+            details=[{"loc": ["body", "decisions"], "msg": f"expected {len(gated_calls)} items", "type": "length"}],
+        )
+    normalised: list[dict[str, Any]] = []
+    for index, (call, decision) in enumerate(zip(gated_calls, decisions)):
+        tool = tools.get(call["name"])
+        kind = decision["decision"]
+        allowed = tool.allowed_decisions if tool else ("reject",)
+        if tool is None or kind not in allowed:
+            raise Forbidden(
+                f"decision {kind!r} is not allowed for {call['name']} (allowed: {', '.join(allowed)})",
+                code="decision_not_allowed",
+                details=[{"loc": ["body", "decisions", index, "decision"], "msg": f"allowed: {list(allowed)}", "type": "not_allowed"}],
+            )
+        entry: dict[str, Any] = {"call_id": call["id"], "decision": kind}
+        if kind == "reject":
+            entry["reason"] = decision.get("reason")
+        elif kind == "respond":
+            entry["message"] = decision["message"]
+        elif kind == "edit":
+            entry["args"] = _edited_args(tool, index, call["args"], decision["args"])
+        normalised.append(entry)
+    return normalised
