@@ -98,5 +98,57 @@ def demo(host: str, port: int, db: str | None, log_level: str, openai_model: str
     _run_server(build_demo_agent(model), host, port, db or default_db_url("demo"), log_level)
 
 
+@main.command()
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, envvar="TETHER_URL", help="Server to talk to.")
+@click.option("--thread", "thread_id", default=None, help="Continue this thread (default: a new one).")
+def chat(url: str, thread_id: str | None) -> None:
+    """Chat with a served agent in the terminal; review tool calls as they come."""
+    import asyncio
+
+    from .chat import run_chat
+    from .client import APIError
+
+    try:
+        asyncio.run(run_chat(url, thread_id))
+    except APIError as exc:
+        raise click.ClickException(f"{exc.status} {exc.code}: {exc.message}") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc}") from None
+
+
+@main.command()
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, envvar="TETHER_URL", help="Server to ask.")
+@click.option("--thread", "thread_id", default=None, help="Entries of this thread.")
+@click.option("--run", "run_id", default=None, help="Entries of this run.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+def audit(url: str, thread_id: str | None, run_id: str | None, as_json: bool) -> None:
+    """Print the audit log (decisions, expiries, cancels, gated executions)."""
+    import asyncio
+    import json
+
+    from .client import APIError, AsyncClient
+
+    if not thread_id and not run_id:
+        raise click.UsageError("give --thread or --run")
+
+    async def fetch() -> list[dict]:  # type: ignore[type-arg]
+        async with AsyncClient(url) as client:
+            return await client.audit(thread_id=thread_id, run_id=run_id)
+
+    try:
+        entries = asyncio.run(fetch())
+    except APIError as exc:
+        raise click.ClickException(f"{exc.status} {exc.code}: {exc.message}") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc}") from None
+    for e in entries:
+        if as_json:
+            click.echo(json.dumps(e, ensure_ascii=False))
+            continue
+        what = " ".join(str(x) for x in (e["tool"], e["decision"], e["outcome"]) if x)
+        reason = f" — {e['reason']}" if e["reason"] else ""
+        click.echo(f"{e['ts']}  {e['action']:<13} {e['actor']:<12} {e['run_id'] or '':<30} {e['call_id'] or '':<24} {what}{reason}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -158,6 +158,49 @@ class AsyncClient:
             await asyncio.sleep(backoff * (1 + random.random() * 0.2))
             backoff = min(backoff * 2, self._max_backoff)
 
+    # -- human review ----------------------------------------------------------------------
+
+    async def wait_for_interrupt(self, run_id: str, *, after_seq: int = 0) -> dict[str, Any] | None:
+        """Follow the run until it pauses for review; the pending interrupt, or None if the run
+        ended without one."""
+        async for envelope in self.stream(run_id, after_seq=after_seq):
+            if envelope.type == "interrupt":
+                run = await self.get_run(run_id)
+                pending = run.get("pending_interrupt")
+                if pending and pending["id"] == envelope.data["interrupt_id"]:
+                    return pending  # type: ignore[no-any-return]
+        return None
+
+    async def decide(self, thread_id: str, interrupt_id: str, decisions: list[dict[str, Any]]) -> dict[str, Any]:
+        """Answer every action of an interrupt, in order; returns the resumed run."""
+        body = {"interrupt_id": interrupt_id, "decisions": decisions}
+        return await self._json("POST", f"/v1/threads/{thread_id}/resume", json=body)  # type: ignore[no-any-return]
+
+    async def _decide_all(self, interrupt: dict[str, Any], decision: dict[str, Any]) -> dict[str, Any]:
+        count = len(interrupt["action_requests"])
+        return await self.decide(interrupt["thread_id"], interrupt["id"], [decision] * count)
+
+    async def approve(self, interrupt: dict[str, Any]) -> dict[str, Any]:
+        """Approve every action of ``interrupt`` (as returned by :meth:`wait_for_interrupt`)."""
+        return await self._decide_all(interrupt, {"decision": "approve"})
+
+    async def reject(self, interrupt: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
+        """Reject every action of ``interrupt``; the reason goes back to the model."""
+        return await self._decide_all(interrupt, {"decision": "reject", "reason": reason})
+
+    async def edit(self, interrupt: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+        """Run the (single) action of ``interrupt`` with edited ``args``."""
+        return await self._decide_all(interrupt, {"decision": "edit", "args": args})
+
+    async def respond(self, interrupt: dict[str, Any], message: str) -> dict[str, Any]:
+        """Answer the (single) action of ``interrupt`` with ``message`` instead of running it."""
+        return await self._decide_all(interrupt, {"decision": "respond", "message": message})
+
+    async def audit(self, *, thread_id: str | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Audit entries of a thread or run."""
+        params = {k: v for k, v in (("thread_id", thread_id), ("run_id", run_id)) if v}
+        return (await self._json("GET", "/v1/audit", params=params))["items"]  # type: ignore[no-any-return]
+
     async def wait_for_run(self, run_id: str) -> dict[str, Any]:
         """Follow the run to its end and return it."""
         async for _ in self.stream(run_id):

@@ -133,11 +133,11 @@ class ScriptedModel:
             rest = text.replace(order.group(0), " ")
             amount = re.search(r"(?<![\w.])(-?\d+(?:\.\d+)?)(?![\w.])", rest)
             return {"name": "refund", "args": {"order_id": order.group(1), "amount": float(amount.group(1)) if amount else 10.0}}
-        card = re.search(r"\b(\d[\d ]{11,22}\d)\b", text)
+        card = re.search(r"\b(\d{12,19})\b", text)
         if "charge" in lower and "charge_card" in tools and card:
             rest = text.replace(card.group(0), " ")
             amount = re.search(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])", rest)
-            return {"name": "charge_card", "args": {"card_number": card.group(1).replace(" ", ""), "amount": float(amount.group(1)) if amount else 1.0}}
+            return {"name": "charge_card", "args": {"card_number": card.group(1), "amount": float(amount.group(1)) if amount else 1.0}}
         email = re.search(r"[\w.+-]+@[\w-]+\.[\w.-]+", text)
         if "email" in lower and "send_email" in tools:
             body = re.sub(r"(?i)\bemail\b", "", text.replace(email.group(0), "") if email else text).strip() or "Hello!"

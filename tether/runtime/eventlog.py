@@ -78,6 +78,12 @@ class EventLog:
         self._next_seq += 1
         return StoredEvent(seq, event.type, Envelope.encode(self.run_id, seq, event, utcnow()))
 
+    def restart_at(self, seq: int) -> None:
+        """After a failed commit: drop what was not written and continue at ``seq``."""
+        self._pending.clear()
+        self._next_seq = seq
+        self._idle.set()
+
     def unseal(self, final: StoredEvent) -> None:
         """Give back the seq of a sealed event that was not written."""
         if final.seq == self._next_seq - 1:

@@ -369,7 +369,13 @@ class RunExecutor:
 
     async def _finish(self, outcome: Event) -> None:
         """Commit the terminal event with the final status; a requested cancel always wins."""
-        await self.log.wait_for_idle()
+        try:
+            await self.log.wait_for_idle()
+        except RuntimeError:
+            # The log could not commit: end the run right after what *is* stored, so followers
+            # still get a terminal event and seq stays gapless.
+            self.log.restart_at(await self.store.last_seq(self.run.id) + 1)
+            outcome = RunError(code="event_log_failed", message="the event log could not be written", retryable=True)
         if isinstance(outcome, Done):
             status, allowed = "completed", ("running",)
         elif isinstance(outcome, RunError):

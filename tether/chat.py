@@ -1,0 +1,179 @@
+"""``tether chat``: a terminal client that streams a thread and asks you to review tool calls.
+
+It is a thin layer over :class:`~tether.client.AsyncClient`. While a run streams, Ctrl-C asks
+the server for a *soft* cancel (a running tool finishes, nothing new starts); a second Ctrl-C
+asks for a *hard* one. Closing the terminal is only a disconnect: the run goes on and
+``tether chat --thread ID`` catches up from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import click
+
+from .client import APIError, AsyncClient
+
+__all__ = ["run_chat"]
+
+
+def _remaining(expires_at: str) -> str:
+    end = datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    seconds = max(0, int((end - datetime.now(timezone.utc)).total_seconds()))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class _Chat:
+    def __init__(self, client: AsyncClient, thread_id: str, ask: Callable[[str], str]) -> None:
+        self.client = client
+        self.thread_id = thread_id
+        self.ask = ask
+        self._stops = 0
+        self._run_id: str | None = None
+
+    def _on_interrupt_key(self) -> None:
+        if self._run_id is None:
+            raise KeyboardInterrupt
+        self._stops += 1
+        mode = "soft" if self._stops == 1 else "hard"
+        click.secho(f"\n[stopping ({mode})…]", fg="yellow", err=True)
+        asyncio.get_running_loop().create_task(self._cancel(self._run_id, mode))
+
+    async def _cancel(self, run_id: str, mode: str) -> None:
+        try:
+            await self.client.cancel(run_id, mode=mode, reason="Ctrl-C in tether chat")
+        except APIError as exc:
+            click.secho(f"[cancel: {exc.message}]", fg="red", err=True)
+
+    async def follow(self, run_id: str, after_seq: int = 0) -> None:
+        """Stream a run to its end, stopping for reviews."""
+        self._run_id, self._stops = run_id, 0
+        loop = asyncio.get_running_loop()
+        last = after_seq
+        try:
+            loop.add_signal_handler(signal.SIGINT, self._on_interrupt_key)
+        except (NotImplementedError, RuntimeError):
+            pass
+        try:
+            while True:
+                interrupt: dict[str, Any] | None = None
+                async for event in self.client.stream(run_id, after_seq=last):
+                    last = event.seq
+                    self._show(event.type, event.data)
+                    if event.type == "interrupt":
+                        interrupt = event.data
+                        break
+                if interrupt is None:
+                    return
+                await self._review(run_id, interrupt)
+        finally:
+            self._run_id = None
+            try:
+                loop.remove_signal_handler(signal.SIGINT)
+            except (NotImplementedError, RuntimeError):
+                pass
+
+    def _show(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "token":
+            click.echo(data["text"], nl=False)
+        elif kind == "thinking":
+            click.secho(data["text"], dim=True, nl=False)
+        elif kind == "tool_call":
+            gate = " — needs your approval" if data["gated"] else ""
+            click.secho(f"\n┌ tool {data['name']}({json.dumps(data['args'], ensure_ascii=False)}) [{data['risk']}]{gate}", fg="cyan")
+        elif kind == "tool_result":
+            body = data.get("result") if data["status"] in ("ok", "responded") else data.get("error") or data.get("reason")
+            click.secho(f"└ {data['name']}: {data['status']} {json.dumps(body, ensure_ascii=False)}", fg="cyan")
+        elif kind == "user_message":
+            click.secho(f"\n[you, during the run] {data['content']}", fg="green")
+        elif kind == "resumed":
+            click.secho(f"[resumed: {data['resolution']}]", fg="cyan")
+        elif kind == "done":
+            click.echo("")
+        elif kind == "error":
+            click.secho(f"\n[failed: {data['code']}: {data['message']}]", fg="red")
+        elif kind == "cancelled":
+            click.secho(f"\n[stopped ({data['mode']})]", fg="yellow")
+
+    async def _review(self, run_id: str, interrupt: dict[str, Any]) -> None:
+        decisions: list[dict[str, Any]] = []
+        click.secho(f"\n⏸  Review needed — expires in {_remaining(interrupt['expires_at'])}", fg="magenta", bold=True)
+        for request, config in zip(interrupt["action_requests"], interrupt["review_configs"]):
+            allowed = config["allowed_decisions"]
+            click.secho(f"  {request['description']}", bold=True)
+            click.echo(f"  {request['action']} {json.dumps(request['args'], ensure_ascii=False)}")
+            keys = {"approve": "a", "reject": "r", "edit": "e", "respond": "s"}
+            menu = "/".join(f"[{keys[d]}]{d[1:] if keys[d] == d[0] else ' ' + d}" for d in allowed)
+            while True:
+                answer = (await asyncio.to_thread(self.ask, f"  {menu} (expires in {_remaining(interrupt['expires_at'])})> ")).strip().lower()
+                choice = next((d for d in allowed if answer in (d, keys[d])), None)
+                if choice == "approve":
+                    decisions.append({"decision": "approve"})
+                elif choice == "reject":
+                    reason = await asyncio.to_thread(self.ask, "  reason (optional)> ")
+                    decisions.append({"decision": "reject", "reason": reason.strip() or None})
+                elif choice == "edit":
+                    raw = await asyncio.to_thread(self.ask, "  new args as JSON> ")
+                    try:
+                        decisions.append({"decision": "edit", "args": json.loads(raw)})
+                    except ValueError:
+                        click.secho("  not JSON, try again", fg="red")
+                        continue
+                elif choice == "respond":
+                    decisions.append({"decision": "respond", "message": await asyncio.to_thread(self.ask, "  your answer> ")})
+                else:
+                    continue
+                break
+        try:
+            await self.client.decide(self.thread_id, interrupt["interrupt_id"], decisions)
+        except APIError as exc:
+            click.secho(f"  [{exc.status} {exc.code}] {exc.message}", fg="red")
+            if exc.status in (403, 422):
+                await self._review(run_id, interrupt)
+
+    async def loop(self) -> None:
+        thread = await self.client.get_thread(self.thread_id)
+        for message in await self.client.messages(self.thread_id):
+            if message["role"] in ("user", "assistant") and message["content"]:
+                who = "you" if message["role"] == "user" else "agent"
+                flag = "" if message["status"] == "complete" else f" [{message['status']}]"
+                click.echo(f"{who}> {message['content']}{flag}")
+        if thread.get("active_run_id"):
+            click.secho("[catching up with the running run]", dim=True)
+            await self.follow(thread["active_run_id"])
+        while True:
+            try:
+                text = await asyncio.to_thread(self.ask, "you> ")
+            except (EOFError, KeyboardInterrupt):
+                click.echo("")
+                return
+            text = text.strip()
+            if not text:
+                continue
+            if text in ("/quit", "/exit"):
+                return
+            try:
+                run = await self.client.start_run(self.thread_id, text)
+            except APIError as exc:
+                click.secho(f"[{exc.status} {exc.code}] {exc.message}", fg="red")
+                continue
+            click.echo("agent> ", nl=False)
+            await self.follow(run["id"])
+
+
+async def run_chat(url: str, thread_id: str | None, ask: Callable[[str], str] = input) -> None:
+    """Chat with the agent served at ``url`` (a new thread unless ``thread_id`` is given)."""
+    async with AsyncClient(url) as client:
+        if thread_id is None:
+            thread_id = (await client.create_thread({"client": "tether chat"}))["id"]
+        click.secho(f"thread {thread_id} — Ctrl-C stops a run (twice: at once), /quit leaves", dim=True, err=True)
+        await _Chat(client, thread_id, ask).loop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    asyncio.run(run_chat(sys.argv[1], None))
