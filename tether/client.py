@@ -158,6 +158,36 @@ class AsyncClient:
             await asyncio.sleep(backoff * (1 + random.random() * 0.2))
             backoff = min(backoff * 2, self._max_backoff)
 
+    # -- correction ------------------------------------------------------------------------
+
+    async def fork(self, thread_id: str, parent_id: str | None, content: str, *, config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start a run whose new user message is a child of ``parent_id`` (``None``: a new root).
+
+        To edit message M, pass M's ``parent_id``: the new message becomes M's sibling."""
+        body: dict[str, Any] = {"input": {"content": content}, "parent_id": parent_id}
+        if config:
+            body["config"] = config
+        return await self._json("POST", f"/v1/threads/{thread_id}/runs", json=body)  # type: ignore[no-any-return]
+
+    async def regenerate(self, thread_id: str, user_message_id: str, *, config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start a run that answers ``user_message_id`` again (a sibling answer)."""
+        body: dict[str, Any] = {"parent_id": user_message_id}
+        if config:
+            body["config"] = config
+        return await self._json("POST", f"/v1/threads/{thread_id}/runs", json=body)  # type: ignore[no-any-return]
+
+    async def switch_branch(self, thread_id: str, message_id: str) -> dict[str, Any]:
+        """Make the branch through ``message_id`` active (its deepest, newest leaf)."""
+        return await self._json("PUT", f"/v1/threads/{thread_id}/active_leaf", json={"message_id": message_id})  # type: ignore[no-any-return]
+
+    async def steer(self, run_id: str, content: str) -> dict[str, Any]:
+        """Send a correction into a running run."""
+        return await self._json("POST", f"/v1/runs/{run_id}/messages", json={"content": content})  # type: ignore[no-any-return]
+
+    async def edit_message(self, message_id: str, content: str) -> dict[str, Any]:
+        """Store an edited version of an assistant message (made active)."""
+        return await self._json("PATCH", f"/v1/messages/{message_id}", json={"content": content})  # type: ignore[no-any-return]
+
     # -- human review ----------------------------------------------------------------------
 
     async def wait_for_interrupt(self, run_id: str, *, after_seq: int = 0) -> dict[str, Any] | None:

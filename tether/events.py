@@ -15,6 +15,7 @@ so a replay sends exactly what the live stream sent.
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timezone
 from typing import Any, ClassVar, Literal
 
@@ -38,6 +39,7 @@ __all__ = [
     "EVENT_TYPES",
     "TERMINAL_TYPES",
     "format_ts",
+    "now_ts",
 ]
 
 
@@ -192,6 +194,23 @@ def format_ts(moment: datetime) -> str:
     return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" → "Z"
 
 
+# (second since the epoch, its text up to the seconds): the part of now_ts that changes once a
+# second. One tuple, so a reader never pairs one second with another's text.
+_now_second: tuple[int, str] = (-1, "")
+
+
+def now_ts() -> str:
+    """``format_ts(utcnow())``, for the one timestamp every event gets, at a third of the cost."""
+    global _now_second
+    # The clock datetime.now() reads, truncated to microseconds the same way.
+    second, micro = divmod(time.time_ns() // 1000, 1_000_000)
+    cached, text = _now_second
+    if second != cached:
+        text = datetime.fromtimestamp(second, timezone.utc).isoformat()[:-6]  # drop "+00:00"
+        _now_second = (second, text)
+    return f"{text}.{micro:06d}Z"
+
+
 # One encoder for every envelope (json.dumps with options builds a new one per call). Event data
 # is pydantic's JSON-mode output, which cannot be circular: no need to check.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
@@ -222,11 +241,13 @@ class Envelope(BaseModel):
         return cls(run_id=run_id, seq=seq, type=event.type, ts=format_ts(ts), data=event.model_dump(mode="json"))
 
     @staticmethod
-    def encode(run_id: str, seq: int, event: Event, ts: datetime) -> str:
-        """``wrap(run_id, seq, event, ts).to_json()``, without building the model (the hot path:
-        the event log encodes every event it appends)."""
-        data = event.model_dump(mode="json")
-        return _dumps({"run_id": run_id, "seq": seq, "type": event.type, "ts": format_ts(ts), "data": data})
+    def encode(run_id: str, seq: int, event: Event, ts: str) -> str:
+        """``wrap(run_id, seq, event, moment).to_json()`` where ``ts`` is ``format_ts(moment)``,
+        without building the model (the hot path: the event log encodes every event it appends).
+        """
+        # The same text as _dumps of the envelope dict, assembled around the one non-trivial part.
+        data = _dumps(event.model_dump(mode="json"))
+        return f'{{"run_id":{_dumps(run_id)},"seq":{seq:d},"type":{_dumps(event.type)},"ts":{_dumps(ts)},"data":{data}}}'
 
     def to_json(self) -> str:
         """The canonical encoding: what the store keeps and SSE sends."""

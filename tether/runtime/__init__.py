@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from .._ids import utcnow
 from ..agent import Agent
-from ..errors import InterruptExpired, InterruptResolved, NotFound
+from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Cancelled, Envelope, Event, Resumed, RunError
 from ..store import AuditEntry, InterruptRecord, RunRecord, Store, StoredEvent
 from .bus import LocalBus, Subscription
@@ -137,6 +137,16 @@ class Runtime:
         if written:
             self.bus.publish(run_id, [*before, final])
         return written
+
+    async def steer(self, run_id: str, content: str) -> dict[str, Any]:
+        """Send a correction into a running run (``user_message`` now, history before the next
+        model call). :class:`~tether.errors.RunNotActive` unless the run is ``running``."""
+        run = await self.store.get_run(run_id)
+        executor = self._executors.get(run_id)
+        if run.status != "running" or executor is None:
+            raise RunNotActive(f"run {run_id!r} is {run.status}; corrections go into running runs only", details={"status": run.status})
+        message_id = executor.steer(content)
+        return {"id": message_id, "run_id": run_id, "thread_id": run.thread_id, "role": "user", "content": content, "status": "queued"}
 
     # -- human review ----------------------------------------------------------------------
 

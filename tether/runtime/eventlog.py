@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from .._ids import utcnow
-from ..events import Envelope, Event
+from ..events import Envelope, Event, now_ts
 from ..store import Store, StoredEvent
 
 if TYPE_CHECKING:
@@ -63,7 +62,7 @@ class EventLog:
             raise RuntimeError("event log failed") from self._failure
         seq = self._next_seq
         self._next_seq += 1
-        self._pending.append(StoredEvent(seq, event.type, Envelope.encode(self.run_id, seq, event, utcnow())))
+        self._pending.append(StoredEvent(seq, event.type, Envelope.encode(self.run_id, seq, event, now_ts())))
         self._idle.clear()
         self._has_pending.set()
         return seq
@@ -76,7 +75,7 @@ class EventLog:
         """
         seq = self._next_seq
         self._next_seq += 1
-        return StoredEvent(seq, event.type, Envelope.encode(self.run_id, seq, event, utcnow()))
+        return StoredEvent(seq, event.type, Envelope.encode(self.run_id, seq, event, now_ts()))
 
     def restart_at(self, seq: int) -> None:
         """After a failed commit: drop what was not written and continue at ``seq``."""

@@ -32,8 +32,8 @@ import anyio
 
 from .._ids import new_id, utcnow
 from ..agent import Agent
-from ..errors import ModelError
-from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, Thinking, Token, ToolCall, ToolResult, format_ts
+from ..errors import ModelError, RunNotActive
+from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, Thinking, Token, ToolCall, ToolResult, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
 from ..tools import Tool, ToolArgsError, ToolContext
@@ -113,6 +113,10 @@ class RunExecutor:
         self._tools_scope: anyio.CancelScope | None = None
         self._partial_message_id: str | None = None
         self._leaf_id: str | None = run.input_message_id
+        #: Corrections sent into the run, announced but not yet in the history.
+        self._steering: list[tuple[str, str]] = []
+        #: False once the run is about to end: a correction then gets 409 instead of being lost.
+        self.accepting_messages = True
 
     # -- control ---------------------------------------------------------------------------
 
@@ -125,12 +129,34 @@ class RunExecutor:
         if mode == "hard" and self._tools_scope is not None:
             self._tools_scope.cancel()
 
+    def steer(self, content: str) -> str:
+        """Queue a user correction: announced now, in the history before the next model call."""
+        if not self.accepting_messages or self.cancel_mode:
+            raise RunNotActive(f"run {self.run.id!r} is finishing and takes no more messages")
+        message_id = new_id("msg")
+        self._steering.append((message_id, content))
+        if self.log is not None:  # else announced as soon as execution starts
+            self.log.emit(UserMessage(message_id=message_id, content=content))
+        return message_id
+
+    async def _take_steering(self, history: list[ChatMessage]) -> None:
+        """Attach queued corrections to the tree (after the current leaf) and the history."""
+        while self._steering:
+            message_id, content = self._steering.pop(0)
+            record = MessageRecord(message_id, self.run.thread_id, self._leaf_id, self.run.id, "user", content)
+            await self.store.add_message(record)
+            self._leaf_id = record.id
+            history.append(ChatMessage("user", content))
+
     # -- the loop ----------------------------------------------------------------------------
 
     async def execute(self) -> None:
         """Run to a terminal state or a pause. Outside cancellation propagates, leaving the run as is."""
-        self.log = EventLog(self.store, self._bus, self.run.id, next_seq=await self.store.last_seq(self.run.id) + 1)
-        self.log.start()
+        log_ = EventLog(self.store, self._bus, self.run.id, next_seq=await self.store.last_seq(self.run.id) + 1)
+        log_.start()
+        for message_id, content in self._steering:  # corrections that came before the log
+            log_.emit(UserMessage(message_id=message_id, content=content))
+        self.log = log_
         try:
             if self.resume is None:
                 if not await self.store.mark_running(self.run.id):
@@ -153,16 +179,21 @@ class RunExecutor:
     async def _loop(self, history: list[ChatMessage]) -> Event | object:
         max_steps = self.config.max_steps or self.agent.max_steps
         tool_specs = self.agent.tool_specs()
+        system = [ChatMessage("system", self.agent.system_prompt)] if self.agent.system_prompt else []
         for _ in range(max_steps):
             if self.cancel_mode:
                 return self._cancelled_event()
-            message_id, text, calls, failure = await self._model_turn(ModelRequest(list(history), tool_specs))
+            await self._take_steering(history)
+            message_id, text, calls, failure = await self._model_turn(ModelRequest(system + history, tool_specs))
             if failure is not None:
                 return failure
             if self.cancel_mode:
                 return self._cancelled_event()
             history.append(ChatMessage("assistant", text, tuple(calls)))
             if not calls:
+                if self._steering:
+                    continue  # a correction arrived during the last turn: one more model call
+                self.accepting_messages = False
                 return Done(message_id=message_id)
             results = await self._handle_calls(calls)
             if results is WAITING:
@@ -301,7 +332,12 @@ class RunExecutor:
         self.log.emit(tool_result_event(item))
 
     async def _park(self, items: list[dict[str, Any]], gated: list[dict[str, Any]]) -> bool:
-        """Open one interrupt for the gated calls; False if a cancel came first."""
+        """Open one interrupt for the gated calls; False if a cancel came first.
+
+        Corrections queued so far travel with the parked turn and join the history after the
+        tool results when the run resumes; from here on, new ones get 409 (the run waits).
+        """
+        self.accepting_messages = False
         tools = [self.agent.tools[i["name"]] for i in gated]
         ttl = self.config.approval_ttl_s or min(t.approval_ttl_s for t in tools)
         now = utcnow()
@@ -313,10 +349,11 @@ class RunExecutor:
         event = self.log.seal(Interrupt(interrupt_id=interrupt_id, action_requests=requests, review_configs=configs, expires_at=format_ts(expires)))
         record = InterruptRecord(
             interrupt_id, self.run.id, self.run.thread_id, "pending", requests, configs,
-            {"assistant_message_id": self._leaf_id, "calls": items}, None, None, now, expires, None,
+            {"assistant_message_id": self._leaf_id, "calls": items, "steering": self._steering}, None, None, now, expires, None,
         )
         if await self.store.open_interrupt(record, event):
             self.log.publish_final(event)
+            self._steering = []
             return True
         self.log.unseal(event)
         return False
@@ -360,6 +397,7 @@ class RunExecutor:
             self.log.emit(tool_result_event(item))
         await self._execute(to_run, audited=True)
         await self._settle(items)
+        self._steering = [tuple(m) for m in interrupt.turn.get("steering", [])]  # type: ignore[misc]
         return to_chat_messages(await self.store.path_to(self.run.thread_id, self._leaf_id))
 
     # -- the end -----------------------------------------------------------------------------
@@ -369,6 +407,9 @@ class RunExecutor:
 
     async def _finish(self, outcome: Event) -> None:
         """Commit the terminal event with the final status; a requested cancel always wins."""
+        self.accepting_messages = False
+        if self._steering:  # announced corrections are never dropped: they join the tree
+            await self._take_steering([])
         try:
             await self.log.wait_for_idle()
         except RuntimeError:

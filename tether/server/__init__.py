@@ -58,6 +58,7 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0) -> FastAP
     app.state.sse_ping_s = sse_ping_s
     install_error_handlers(app)
     app.include_router(threads.router)
+    app.include_router(threads.messages_router)
     app.include_router(runs.router)
     app.include_router(review.router)
     for route in agent.routes:

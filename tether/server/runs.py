@@ -11,7 +11,7 @@ from ..errors import InvalidRequest
 from ..store import RunRecord
 from ._deps import actor_of, run_view, runtime_of, sse_ping_s_of, store_of
 from ._sse import sse_response
-from .schemas import CancelRun, CreateRun
+from .schemas import CancelRun, CreateRun, MessageContent
 
 router = APIRouter(tags=["runs"])
 
@@ -37,17 +37,11 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
     """Start a run on a thread: 202 with the run, or its event stream with ``Accept: text/event-stream``."""
     store, runtime = store_of(request), runtime_of(request)
     await store.get_thread(thread_id, owner=actor_of(request))
-    if body.input is None:
-        raise InvalidRequest(
-            "input is required",
-            code="input_required",
-            details=[{"loc": ["body", "input"], "msg": "a run needs input.content", "type": "missing"}],
-        )
     run, _message, _event = await store.create_run(
         thread_id=thread_id,
-        content=body.input.content,
+        content=body.input.content if body.input is not None else None,
         parent_id=body.parent_id,
-        use_active_leaf=body.parent_id is None,
+        use_active_leaf="parent_id" not in body.model_fields_set,
         config=body.config.model_dump(),
     )
     runtime.launch(run)
@@ -94,6 +88,13 @@ async def run_events(
     # The stored envelopes verbatim: the very same bytes the stream sends.
     body = '{"items":[' + ",".join(e.envelope for e in page) + "]}"
     return Response(body, media_type="application/json")
+
+
+@router.post("/v1/runs/{run_id}/messages", status_code=202)
+async def steer_run(request: Request, run_id: str, body: MessageContent) -> dict[str, Any]:
+    """Send a correction into a running run; 409 ``run_not_active`` unless it is ``running``."""
+    await _visible_run(request, run_id)
+    return await runtime_of(request).steer(run_id, body.content)
 
 
 @router.post("/v1/runs/{run_id}/cancel", status_code=202)

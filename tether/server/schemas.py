@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..runtime.config import RunConfig
 
-__all__ = ["CreateThread", "RunInput", "CreateRun", "CancelRun", "ResumeThread", "DecisionBody"]
+__all__ = ["CreateThread", "RunInput", "CreateRun", "CancelRun", "SetActiveLeaf", "MessageContent", "ResumeThread", "DecisionBody"]
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -71,9 +71,24 @@ class CreateRun(BaseModel):
 
     model_config = _STRICT
     input: RunInput | None = None
-    #: Where the new user message attaches; default: the thread's active leaf.
+    #: Where the new user message attaches. Absent: the thread's active leaf. ``null``: a new
+    #: root (editing the first message). A user message and no ``input``: regenerate its answer.
     parent_id: str | None = Field(default=None, max_length=64)
     config: RunConfig = Field(default_factory=RunConfig)
+
+
+class SetActiveLeaf(BaseModel):
+    """``PUT /v1/threads/{id}/active_leaf``."""
+
+    model_config = _STRICT
+    message_id: str = Field(min_length=1, max_length=64)
+
+
+class MessageContent(BaseModel):
+    """``POST /v1/runs/{id}/messages`` and ``PATCH /v1/messages/{id}``."""
+
+    model_config = _STRICT
+    content: str = Field(min_length=1, max_length=1_000_000)
 
 
 class CancelRun(BaseModel):

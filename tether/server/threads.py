@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from ..store import MessageRecord
 from ._deps import actor_of, store_of, thread_views
-from .schemas import CreateThread
+from .schemas import CreateThread, MessageContent, SetActiveLeaf
 
 router = APIRouter(prefix="/v1/threads", tags=["threads"])
 
@@ -60,3 +60,29 @@ async def list_messages(request: Request, thread_id: str, view: Literal["path", 
         cursor = by_id[cursor].parent_id
     path.reverse()
     return {"items": _with_siblings(messages, path), "active_leaf_id": thread.active_leaf_id}
+
+
+@router.put("/{thread_id}/active_leaf")
+async def set_active_leaf(request: Request, thread_id: str, body: SetActiveLeaf) -> dict[str, Any]:
+    """Switch branches: the active leaf becomes the deepest, newest leaf under ``message_id``.
+
+    409 ``thread_busy`` while a run of the thread is active.
+    """
+    store = store_of(request)
+    thread = await store.get_thread(thread_id, owner=actor_of(request))
+    await store.set_active_leaf(thread.id, body.message_id)
+    return (await thread_views(store, [await store.get_thread(thread.id)]))[0]
+
+
+messages_router = APIRouter(prefix="/v1/messages", tags=["threads"])
+
+
+@messages_router.patch("/{message_id}")
+async def edit_message(request: Request, message_id: str, body: MessageContent) -> dict[str, Any]:
+    """Store the user's edited version of an assistant message as a new, active sibling."""
+    store = store_of(request)
+    original = await store.get_message(message_id)
+    await store.get_thread(original.thread_id, owner=actor_of(request))
+    edited = await store.add_edited_version(message_id, body.content)
+    siblings = [m.id for m in await store.thread_messages(edited.thread_id) if m.parent_id == edited.parent_id]
+    return edited.to_api(sibling_ids=siblings)

@@ -120,6 +120,8 @@ class MessageRecord:
     name: str | None = None
     status: str = "complete"
     created_at: datetime = field(default_factory=utcnow)
+    #: Set on a user's edited version of an assistant message: the message it replaces.
+    edited_from_id: str | None = None
 
     def to_api(self, *, sibling_ids: Sequence[str] | None = None) -> dict[str, Any]:
         """The message as the HTTP API shows it."""
@@ -136,6 +138,8 @@ class MessageRecord:
             "name": self.name,
             "status": self.status,
             "created_at": _ts(self.created_at),
+            "edited_by_user": self.edited_from_id is not None,
+            "edited_from_id": self.edited_from_id,
             "sibling_ids": siblings,
             "sibling_index": siblings.index(self.id) if self.id in siblings else 0,
         }
@@ -157,6 +161,10 @@ def normalize_db_url(url: str) -> str:
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         return "postgresql+asyncpg://" + url.split("://", 1)[1]
     return url
+
+
+def _has_active_run(thread_id: str) -> sa.Exists:
+    return sa.exists().where(runs.c.thread_id == thread_id, runs.c.status.in_(ACTIVE_RUN_STATUSES))
 
 
 def _thread(row: Any) -> ThreadRecord:
@@ -193,6 +201,7 @@ def _message(row: Any) -> MessageRecord:
         name=row.name,
         status=row.status,
         created_at=as_utc(row.created_at),  # type: ignore[arg-type]
+        edited_from_id=row.edited_from_id,
     )
 
 
@@ -209,6 +218,7 @@ def _message_values(message: MessageRecord) -> dict[str, Any]:
         "name": message.name,
         "status": message.status,
         "created_at": message.created_at,
+        "edited_from_id": message.edited_from_id,
     }
 
 
@@ -386,56 +396,126 @@ class Store(ReviewStoreMixin):
         self,
         *,
         thread_id: str,
-        content: str,
+        content: str | None,
         parent_id: str | None,
         use_active_leaf: bool,
         config: dict[str, Any],
     ) -> tuple[RunRecord, MessageRecord, StoredEvent]:
-        """Create a queued run with its user message and its ``run_started`` event, atomically.
+        """Create a queued run, its input and its ``run_started`` event, atomically.
+
+        With ``content``: a new user message, child of the active leaf (``use_active_leaf``) or
+        of ``parent_id`` (``None`` = a new root: editing the first message). A parent other than
+        the active leaf forks the thread. Without ``content`` the run *regenerates*: its input
+        is the existing user message ``parent_id`` and its answer becomes a sibling of the
+        earlier answers. The active leaf moves to the run's input either way.
 
         Raises :class:`ThreadBusy` if the thread already has a non-terminal run (the partial
         unique index decides, so this holds across processes).
         """
         now = utcnow()
         run_id = new_id("run")
-        message_id = new_id("msg")
         async with self._writing() as conn:
             thread_row = (await conn.execute(threads.select().where(threads.c.id == thread_id))).first()
             if thread_row is None:
                 raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
             if use_active_leaf:
                 parent_id = thread_row.active_leaf_id
-            elif parent_id is not None:
-                parent = (
-                    await conn.execute(sa.select(messages.c.thread_id).where(messages.c.id == parent_id))
-                ).first()
-                if parent is None or parent.thread_id != thread_id:
+            parent = None
+            if parent_id is not None:
+                row = (await conn.execute(messages.select().where(messages.c.id == parent_id))).first()
+                if row is None or row.thread_id != thread_id:
                     raise InvalidRequest(
                         f"parent_id {parent_id!r} is not a message of thread {thread_id!r}",
                         code="invalid_parent",
-                        details=[{"loc": ["body", "parent_id"], "msg": "not a message of this thread"}],
+                        details=[{"loc": ["body", "parent_id"], "msg": "not a message of this thread", "type": "invalid_parent"}],
                     )
-            run = RunRecord(run_id, thread_id, "queued", config, message_id, now, None, None, None, None, None, None)
+                parent = _message(row)
+            if content is None and (parent is None or parent.role != "user"):
+                raise InvalidRequest(
+                    "a run without input regenerates an answer: parent_id must be a user message of this thread",
+                    code="input_required",
+                    details=[{"loc": ["body", "input"], "msg": "input.content is required unless parent_id is a user message", "type": "missing"}],
+                )
+            input_id = new_id("msg") if content is not None else parent.id  # type: ignore[union-attr]
+            run = RunRecord(run_id, thread_id, "queued", config, input_id, now, None, None, None, None, None, None)
             try:
                 # The first write of the transaction: if the partial unique index refuses it,
                 # nothing else has been written and the whole transaction rolls back.
                 await conn.execute(
                     runs.insert().values(
                         id=run_id, thread_id=thread_id, status="queued", config=config,
-                        input_message_id=message_id, created_at=now,
+                        input_message_id=input_id, created_at=now,
                     )
                 )
             except IntegrityError:
                 raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
-            message = MessageRecord(message_id, thread_id, parent_id, run_id, "user", content, created_at=now)
-            await conn.execute(messages.insert().values(**_message_values(message)))
+            if content is not None:
+                message = MessageRecord(input_id, thread_id, parent_id, run_id, "user", content, created_at=now)
+                await conn.execute(messages.insert().values(**_message_values(message)))
+            else:
+                message = parent  # type: ignore[assignment]
             await conn.execute(
-                threads.update().where(threads.c.id == thread_id).values(active_leaf_id=message_id, updated_at=now)
+                threads.update().where(threads.c.id == thread_id).values(active_leaf_id=input_id, updated_at=now)
             )
-            started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message_id), now)
+            started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=input_id), now)
             stored = StoredEvent(1, started.type, started.to_json())
             await conn.execute(events.insert().values(run_id=run_id, seq=1, type=stored.type, envelope=stored.envelope))
-        return run, message, stored
+        return run, message, stored  # type: ignore[return-value]
+
+    async def set_active_leaf(self, thread_id: str, message_id: str) -> str:
+        """Switch the thread to the branch of ``message_id`` (its deepest, newest leaf).
+
+        Refused with :class:`ThreadBusy` while a run of the thread is not terminal: the check
+        and the switch are one conditional write.
+        """
+        all_messages = await self.thread_messages(thread_id)
+        by_id = {m.id: m for m in all_messages}
+        if message_id not in by_id:
+            raise NotFound(f"message {message_id!r} not found in thread {thread_id!r}", code="message_not_found")
+        newest_child: dict[str, str] = {}
+        for m in all_messages:  # oldest first: the last child seen is the newest
+            if m.parent_id is not None:
+                newest_child[m.parent_id] = m.id
+        leaf = message_id
+        while leaf in newest_child:
+            leaf = newest_child[leaf]
+        async with self._writing() as conn:
+            result = await conn.execute(
+                threads.update()
+                .where(threads.c.id == thread_id, ~_has_active_run(thread_id))
+                .values(active_leaf_id=leaf, updated_at=utcnow())
+            )
+        if result.rowcount != 1:
+            raise ThreadBusy(f"thread {thread_id!r} has an active run; switch branches after it ends")
+        return leaf
+
+    async def add_edited_version(self, message_id: str, content: str) -> MessageRecord:
+        """Store a user's edit of an assistant message as a new sibling and make it active.
+
+        The edited version keeps the text only (no tool calls), so the active path never holds
+        a tool call without its result. Refused with :class:`ThreadBusy` during a run.
+        """
+        original = await self.get_message(message_id)
+        if original.role != "assistant":
+            raise InvalidRequest(
+                "only assistant messages can be edited this way; to change a user message, fork with a new run",
+                code="not_an_assistant_message",
+                details=[{"loc": ["path", "message_id"], "msg": f"message role is {original.role}", "type": "role"}],
+            )
+        edited = MessageRecord(
+            new_id("msg"), original.thread_id, original.parent_id, None, "assistant", content,
+            status="complete", edited_from_id=original.id,
+        )
+        async with self._writing() as conn:
+            result = await conn.execute(
+                threads.update()
+                .where(threads.c.id == original.thread_id, ~_has_active_run(original.thread_id))
+                .values(active_leaf_id=edited.id, updated_at=utcnow())
+            )
+            if result.rowcount != 1:
+                raise ThreadBusy(f"thread {original.thread_id!r} has an active run; edit after it ends")
+            await conn.execute(messages.insert().values(**_message_values(edited)))
+        return edited
 
     async def get_run(self, run_id: str) -> RunRecord:
         """Read a run; :class:`NotFound` if missing."""

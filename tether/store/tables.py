@@ -46,6 +46,8 @@ messages = sa.Table(
     # complete | partial | cancelled | failed
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
+    # A user's edited version of an assistant message points at the message it replaces.
+    sa.Column("edited_from_id", sa.String(64), nullable=True),
     sa.Index("ix_messages_thread", "thread_id", "created_at"),
     sa.Index("ix_messages_parent", "parent_id"),
 )
