@@ -136,13 +136,73 @@ class _Chat:
             if exc.status in (403, 422):
                 await self._review(run_id, interrupt)
 
+    async def show_path(self) -> list[dict[str, Any]]:
+        """Print the active path, numbered, with "2 of 3" markers where there are branches."""
+        path = [m for m in await self.client.messages(self.thread_id) if m["role"] in ("user", "assistant") and (m["content"] or m["role"] == "user")]
+        for number, message in enumerate(path, 1):
+            who = "you" if message["role"] == "user" else "agent"
+            marks = []
+            if len(message["sibling_ids"]) > 1:
+                marks.append(f"{message['sibling_index'] + 1} of {len(message['sibling_ids'])}")
+            if message["status"] != "complete":
+                marks.append(message["status"])
+            if message.get("edited_by_user"):
+                marks.append("edited")
+            suffix = f"  ({', '.join(marks)})" if marks else ""
+            click.echo(f"[{number}] {who}> {message['content']}{suffix}")
+        return path
+
+    async def command(self, text: str) -> None:
+        """Run a slash command: /edit N text, /regenerate, /branch N next|prev, /history."""
+        name, _, rest = text.partition(" ")
+        path = [m for m in await self.client.messages(self.thread_id) if m["role"] in ("user", "assistant") and (m["content"] or m["role"] == "user")]
+
+        def pick(arg: str) -> dict[str, Any]:
+            index = int(arg) - 1
+            if not 0 <= index < len(path):
+                raise ValueError(f"no message [{arg}]; /history shows the numbers")
+            return path[index]
+
+        try:
+            if name == "/history":
+                await self.show_path()
+            elif name == "/edit":
+                number, _, new_text = rest.partition(" ")
+                target = pick(number)
+                if not new_text.strip():
+                    raise ValueError("usage: /edit N new text")
+                if target["role"] == "user":  # fork: a sibling of the user message, answered anew
+                    run = await self.client.fork(self.thread_id, target["parent_id"], new_text.strip())
+                    click.echo("agent> ", nl=False)
+                    await self.follow(run["id"])
+                else:  # the agent's answer, corrected by hand
+                    await self.client.edit_message(target["id"], new_text.strip())
+                    await self.show_path()
+            elif name == "/regenerate":
+                last_user = next(m for m in reversed(path) if m["role"] == "user")
+                run = await self.client.regenerate(self.thread_id, last_user["id"])
+                click.echo("agent> ", nl=False)
+                await self.follow(run["id"])
+            elif name == "/branch":
+                number, _, direction = rest.partition(" ")
+                target = pick(number)
+                step = -1 if direction.strip() in ("prev", "<", "-") else 1
+                siblings = target["sibling_ids"]
+                new_index = (target["sibling_index"] + step) % len(siblings)
+                await self.client.switch_branch(self.thread_id, siblings[new_index])
+                await self.show_path()
+            else:
+                click.echo("commands: /history, /edit N text, /regenerate, /branch N next|prev, /quit")
+        except ValueError as exc:
+            click.secho(str(exc), fg="red")
+        except StopIteration:
+            click.secho("nothing to regenerate yet", fg="red")
+        except APIError as exc:
+            click.secho(f"[{exc.status} {exc.code}] {exc.message}", fg="red")
+
     async def loop(self) -> None:
         thread = await self.client.get_thread(self.thread_id)
-        for message in await self.client.messages(self.thread_id):
-            if message["role"] in ("user", "assistant") and message["content"]:
-                who = "you" if message["role"] == "user" else "agent"
-                flag = "" if message["status"] == "complete" else f" [{message['status']}]"
-                click.echo(f"{who}> {message['content']}{flag}")
+        await self.show_path()
         if thread.get("active_run_id"):
             click.secho("[catching up with the running run]", dim=True)
             await self.follow(thread["active_run_id"])
@@ -157,6 +217,9 @@ class _Chat:
                 continue
             if text in ("/quit", "/exit"):
                 return
+            if text.startswith("/"):
+                await self.command(text)
+                continue
             try:
                 run = await self.client.start_run(self.thread_id, text)
             except APIError as exc:
@@ -171,7 +234,11 @@ async def run_chat(url: str, thread_id: str | None, ask: Callable[[str], str] = 
     async with AsyncClient(url) as client:
         if thread_id is None:
             thread_id = (await client.create_thread({"client": "tether chat"}))["id"]
-        click.secho(f"thread {thread_id} — Ctrl-C stops a run (twice: at once), /quit leaves", dim=True, err=True)
+        click.secho(
+            f"thread {thread_id} — Ctrl-C stops a run (twice: at once); /history, /edit N text, /regenerate, "
+            "/branch N next|prev, /quit",
+            dim=True, err=True,
+        )
         await _Chat(client, thread_id, ask).loop()
 
 
