@@ -187,9 +187,16 @@ class RunExecutor:
             message_id, text, calls, failure = await self._model_turn(ModelRequest(system + history, tool_specs))
             if failure is not None:
                 return failure
-            if self.cancel_mode:
+            if self.cancel_mode and not calls:
+                if self._partial_message_id is None:
+                    # The answer finished just as the cancel came: a cancelled run has no
+                    # finished answer, so it is kept flagged like any partial one.
+                    self._partial_message_id = message_id
+                    await self.store.update_message(message_id, status="cancelled")
                 return self._cancelled_event()
             history.append(ChatMessage("assistant", text, tuple(calls)))
+            # Calls that were stored always get their results, even after a cancel request
+            # (then ``cancelled``, and nothing new starts): no tool call is left dangling.
             if not calls:
                 if self._steering:
                     continue  # a correction arrived during the last turn: one more model call
