@@ -18,7 +18,7 @@ from .._ids import utcnow
 from ..agent import Agent
 from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Cancelled, Envelope, Event, Resumed, RunError
-from ..store import AuditEntry, InterruptRecord, RunRecord, Store, StoredEvent
+from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, run_record
 from .bus import LocalBus, Subscription
 from .config import RunConfig
 from .follow import follow_run
@@ -126,6 +126,11 @@ class Runtime:
                 message = tool_message(item, thread_id=record.thread_id, run_id=record.id, parent_id=parent)
                 await self.store.add_message(message)
                 parent = message.id
+            # Corrections queued before the pause were announced (``user_message``), so they are
+            # never dropped: they join the tree after the results, where a resume puts them.
+            for message_id, content in interrupt.turn.get("steering", []):
+                await self.store.add_message(MessageRecord(message_id, record.thread_id, parent, record.id, "user", content))
+                parent = message_id
         event = Cancelled(mode=record.cancel_mode or "soft", reason=record.cancel_reason, actor=record.cancel_actor, partial_message_id=None)  # type: ignore[arg-type]
         await self._write_final(record.id, _stored(record.id, seq, event), "cancelled", ("cancelling",), None, before)
 
@@ -185,13 +190,14 @@ class Runtime:
                     decision=decision["decision"], reason=decision.get("reason"), outcome="accepted", details=details,
                 )
             )
-        resolved, event = await self.store.leave_pending(
+        resolved, event, run_row = await self.store.leave_pending(
             interrupt_id, to_status="resolved", now=now, decisions=public, turn=interrupt.turn, actor=actor,
             make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public)),
             audit_entries=entries,
         )
+        # No await between the winning write and launch: a cancel arriving now finds the executor.
+        run = run_record(run_row)
         self.bus.publish(resolved.run_id, [event])
-        run = await self.store.get_run(resolved.run_id)
         self.launch(run, resume=resolved)
         return run
 
@@ -203,7 +209,7 @@ class Runtime:
             item["decision"] = {"call_id": item["id"], "decision": "expired"}
         public = [{"call_id": i["id"], "decision": "expired"} for i in gated]
         try:
-            resolved, event = await self.store.leave_pending(
+            resolved, event, run_row = await self.store.leave_pending(
                 interrupt.id, to_status="expired", now=utcnow(), decisions=public, turn=interrupt.turn, actor="system",
                 make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public)),
                 audit_entries=[
@@ -214,7 +220,7 @@ class Runtime:
         except (InterruptResolved, InterruptExpired):
             return False
         self.bus.publish(resolved.run_id, [event])
-        self.launch(await self.store.get_run(resolved.run_id), resume=resolved)
+        self.launch(run_record(run_row), resume=resolved)  # no await since the winning write
         return True
 
     async def _sweep_forever(self) -> None:

@@ -256,11 +256,7 @@ class RunExecutor:
         return message.id, text, calls, None
 
     def _stored_call(self, call: ToolCallRequest) -> dict[str, Any]:
-        tool = self.agent.tools.get(call.name)
-        args = call.args
-        if tool is not None and isinstance(args, dict):
-            args = tool.mask(args)
-        return {"id": call.id, "name": call.name, "args": _json_safe(args)}
+        return {"id": call.id, "name": call.name, "args": _json_safe(_masked_args(self.agent.tools.get(call.name), call.args))}
 
     # -- tools -------------------------------------------------------------------------------
 
@@ -280,7 +276,7 @@ class RunExecutor:
                 except ToolArgsError as exc:
                     item.update(status="error", error=str(exc))
             items.append(item)
-            shown = tool.mask(call.args) if tool and isinstance(call.args, dict) else call.args
+            shown = _masked_args(tool, call.args)
             self.log.emit(
                 ToolCall(
                     call_id=call.id, name=call.name, args=_json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
@@ -454,6 +450,20 @@ class RunExecutor:
         final = self.log.seal(event)
         if await self.store.finish_run(self.run.id, status="cancelled", final_event=final, from_statuses=("cancelling",)):
             self.log.publish_final(final)
+
+
+def _masked_args(tool: Tool | None, args: dict[str, Any] | str) -> Any:
+    """The call's args as events and the stored history show them: sensitive values masked.
+
+    Args given as JSON text are parsed first (they are what the tool will get); text that does
+    not parse is shown as is, unless the tool has sensitive args: then it may hold one, unmasked.
+    """
+    if isinstance(args, str):
+        parsed = _parse_args(args)
+        if not isinstance(parsed, dict):
+            return "****" if tool is not None and tool.sensitive_args else args
+        args = parsed
+    return tool.mask(args) if tool is not None else args
 
 
 def _parse_args(raw: str) -> Any:

@@ -30,7 +30,7 @@ from ..events import Envelope, RunStarted, format_ts
 from ._review import AuditEntry, InterruptRecord, ReviewStoreMixin, args_digest
 from .tables import ACTIVE_RUN_STATUSES, audit, events, interrupts, messages, runs, threads
 
-__all__ = ["Store", "InterruptRecord", "AuditEntry", "args_digest", "ThreadRecord", "RunRecord", "MessageRecord", "StoredEvent", "normalize_db_url", "TERMINAL_RUN_STATUSES"]
+__all__ = ["Store", "run_record", "InterruptRecord", "AuditEntry", "args_digest", "ThreadRecord", "RunRecord", "MessageRecord", "StoredEvent", "normalize_db_url", "TERMINAL_RUN_STATUSES"]
 
 TERMINAL_RUN_STATUSES = ("completed", "failed", "cancelled")
 
@@ -171,7 +171,8 @@ def _thread(row: Any) -> ThreadRecord:
     return ThreadRecord(row.id, row.owner, row.metadata or {}, row.active_leaf_id, as_utc(row.created_at))  # type: ignore[arg-type]
 
 
-def _run(row: Any) -> RunRecord:
+def run_record(row: Any) -> RunRecord:
+    """A :class:`RunRecord` from a ``runs`` row."""
     return RunRecord(
         id=row.id,
         thread_id=row.thread_id,
@@ -203,6 +204,21 @@ def _message(row: Any) -> MessageRecord:
         created_at=as_utc(row.created_at),  # type: ignore[arg-type]
         edited_from_id=row.edited_from_id,
     )
+
+
+async def _splits_a_tool_turn(conn: AsyncConnection, parent: MessageRecord) -> bool:
+    """True if ``parent`` is an assistant message with tool calls, or a tool result that is not
+    the last of its turn: a message attached there would put a tool call without its result on
+    the path, a history no model accepts."""
+    answered: set[str | None] = set()
+    cursor: MessageRecord | None = parent
+    while cursor is not None and cursor.role == "tool":
+        answered.add(cursor.tool_call_id)
+        row = (await conn.execute(messages.select().where(messages.c.id == cursor.parent_id))).first() if cursor.parent_id else None
+        cursor = _message(row) if row is not None else None
+    if cursor is None or cursor.role != "assistant" or not cursor.tool_calls:
+        return False
+    return any(call["id"] not in answered for call in cursor.tool_calls)
 
 
 def _message_values(message: MessageRecord) -> dict[str, Any]:
@@ -430,6 +446,12 @@ class Store(ReviewStoreMixin):
                         details=[{"loc": ["body", "parent_id"], "msg": "not a message of this thread", "type": "invalid_parent"}],
                     )
                 parent = _message(row)
+                if content is not None and not use_active_leaf and await _splits_a_tool_turn(conn, parent):
+                    raise InvalidRequest(
+                        f"parent_id {parent_id!r} is inside a tool turn: a message there would leave a tool call without its result",
+                        code="invalid_parent",
+                        details=[{"loc": ["body", "parent_id"], "msg": "a tool call above it has no result yet", "type": "invalid_parent"}],
+                    )
             if content is None and (parent is None or parent.role != "user"):
                 raise InvalidRequest(
                     "a run without input regenerates an answer: parent_id must be a user message of this thread",
@@ -523,18 +545,18 @@ class Store(ReviewStoreMixin):
             row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
         if row is None:
             raise NotFound(f"run {run_id!r} not found", code="run_not_found")
-        return _run(row)
+        return run_record(row)
 
     async def runs_in_status(self, statuses: Sequence[str]) -> list[RunRecord]:
         """Runs currently in any of ``statuses``."""
         async with self._reading() as conn:
-            return [_run(r) for r in await conn.execute(runs.select().where(runs.c.status.in_(statuses)))]
+            return [run_record(r) for r in await conn.execute(runs.select().where(runs.c.status.in_(statuses)))]
 
     async def list_runs(self, thread_id: str) -> list[RunRecord]:
         """A thread's runs, oldest first."""
         query = runs.select().where(runs.c.thread_id == thread_id).order_by(runs.c.created_at, runs.c.id)
         async with self._reading() as conn:
-            return [_run(r) for r in await conn.execute(query)]
+            return [run_record(r) for r in await conn.execute(query)]
 
     async def mark_running(self, run_id: str) -> bool:
         """``queued`` → ``running``; False if the run was not queued."""
@@ -564,7 +586,7 @@ class Store(ReviewStoreMixin):
             row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
         if row is None:
             raise NotFound(f"run {run_id!r} not found", code="run_not_found")
-        record = _run(row)
+        record = run_record(row)
         if record.terminal:
             raise RunNotActive(f"run {run_id!r} is already {record.status}", details={"status": record.status})
         return record

@@ -211,12 +211,13 @@ class ReviewStoreMixin:
         actor: str,
         make_event: Callable[[str, int], StoredEvent],
         audit_entries: Sequence[AuditEntry],
-    ) -> tuple[InterruptRecord, StoredEvent]:
+    ) -> tuple[InterruptRecord, StoredEvent, Any]:
         """The one transition out of ``pending``: to ``resolved`` (decisions) or ``expired``.
 
         In one transaction: the interrupt's conditional update, ``waiting_human → running`` for
         its run, the ``resumed`` event (built by ``make_event(run_id, seq)``) and the audit
-        entries. Raises :class:`InterruptResolved` / :class:`InterruptExpired` when it lost.
+        entries. Returns the interrupt, the event and the run's row as committed.
+        Raises :class:`InterruptResolved` / :class:`InterruptExpired` when it lost.
         """
         async with self._writing() as conn:
             row = (await conn.execute(interrupts.select().where(interrupts.c.id == interrupt_id))).first()
@@ -241,11 +242,12 @@ class ReviewStoreMixin:
             await conn.execute(events.insert().values(run_id=current.run_id, seq=event.seq, type=event.type, envelope=event.envelope))
             if audit_entries:
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
+            run_row = (await conn.execute(runs.select().where(runs.c.id == current.run_id))).first()
         updated = InterruptRecord(
             current.id, current.run_id, current.thread_id, to_status, current.action_requests, current.review_configs,
             turn, decisions, actor, current.created_at, current.expires_at, now,
         )
-        return updated, event
+        return updated, event, run_row
 
     async def add_audit(self, entries: Sequence[AuditEntry]) -> None:
         """Append audit entries."""
