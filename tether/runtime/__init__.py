@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from .._ids import utcnow
 from ..agent import Agent
 from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
-from ..events import Cancelled, Envelope, Event, Resumed, RunError
+from ..events import Cancelled, Envelope, Event, Resumed, RunError, format_ts
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, run_record
 from .bus import LocalBus, Subscription
 from .config import RunConfig
@@ -44,6 +44,8 @@ class Runtime:
         self.bus = bus or LocalBus()
         self.sweep_interval_s = sweep_interval_s
         self._executors: dict[str, RunExecutor] = {}
+        #: Runs that a cancel request of this process is finishing without an executor.
+        self._finishing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
 
@@ -70,7 +72,8 @@ class Runtime:
 
     def launch(self, run: RunRecord, *, resume: InterruptRecord | None = None) -> None:
         """Execute a run (queued, or resumed after ``resume``) in a task owned by the runtime."""
-        if self._closing or run.id in self._executors:
+        existing = self._executors.get(run.id)
+        if self._closing or (existing is not None and not existing.parked):
             return
         executor = RunExecutor(self.store, self.bus, self.agent, run, resume=resume)
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
@@ -82,11 +85,13 @@ class Runtime:
         except Exception:
             log.exception("executor of run %s crashed", executor.run.id)
         finally:
-            self._executors.pop(executor.run.id, None)
+            if self._executors.get(executor.run.id) is executor:
+                del self._executors[executor.run.id]
 
     def is_executing(self, run_id: str) -> bool:
         """True while this process executes ``run_id``."""
-        return run_id in self._executors
+        executor = self._executors.get(run_id)
+        return executor is not None and not executor.parked
 
     async def cancel(self, run_id: str, *, mode: str = "soft", reason: str | None = None, actor: str = "anonymous") -> RunRecord:
         """Explicitly cancel a run (the only way a run becomes ``cancelled``).
@@ -99,12 +104,17 @@ class Runtime:
             [AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})]
         )
         executor = self._executors.get(run_id)
-        if executor is not None:
+        if executor is not None and not executor.parked:
             executor.request_cancel(record.cancel_mode or mode)
-        else:
+        elif run_id not in self._finishing:
             # Nothing executes it here (queued, waiting for a human, or orphaned): finish it
-            # directly. The conditional write makes a racing finisher harmless.
-            await self._cancel_without_executor(record)
+            # directly. The conditional write makes a racing finisher harmless; a second cancel
+            # request meanwhile must not write the results and corrections a second time.
+            self._finishing.add(run_id)
+            try:
+                await self._cancel_without_executor(record)
+            finally:
+                self._finishing.discard(run_id)
         return await self.store.get_run(run_id)
 
     async def _cancel_without_executor(self, record: RunRecord) -> None:
@@ -148,7 +158,7 @@ class Runtime:
         model call). :class:`~tether.errors.RunNotActive` unless the run is ``running``."""
         run = await self.store.get_run(run_id)
         executor = self._executors.get(run_id)
-        if run.status != "running" or executor is None:
+        if run.status != "running" or executor is None or executor.parked:
             raise RunNotActive(f"run {run_id!r} is {run.status}; corrections go into running runs only", details={"status": run.status})
         message_id = executor.steer(content)
         return {"id": message_id, "run_id": run_id, "thread_id": run.thread_id, "role": "user", "content": content, "status": "queued"}
@@ -167,7 +177,10 @@ class Runtime:
             raise NotFound(f"interrupt {interrupt_id!r} not found in thread {thread_id!r}", code="interrupt_not_found")
         now = utcnow()
         if interrupt.status == "expired" or (interrupt.status == "pending" and interrupt.expires_at <= now):
-            raise InterruptExpired(f"interrupt {interrupt_id!r} expired; its actions were rejected and can never run")
+            raise InterruptExpired(
+                f"interrupt {interrupt_id!r} expired; its actions were rejected and can never run",
+                details={"expires_at": format_ts(interrupt.expires_at)},
+            )
         if interrupt.status != "pending":
             raise InterruptResolved(f"interrupt {interrupt_id!r} is already {interrupt.status}", details={"status": interrupt.status})
         items = interrupt.turn["calls"]

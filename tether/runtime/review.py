@@ -74,7 +74,7 @@ def check_decisions(
         tool = tools.get(call["name"])
         kind = decision["decision"]
         allowed = tool.allowed_decisions if tool else ("reject",)
-        if tool is None or kind not in allowed:
+        if kind not in allowed:  # a tool the agent no longer has can still be rejected
             raise Forbidden(
                 f"decision {kind!r} is not allowed for {call['name']} (allowed: {', '.join(allowed)})",
                 code="decision_not_allowed",

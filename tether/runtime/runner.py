@@ -117,6 +117,9 @@ class RunExecutor:
         self._steering: list[tuple[str, str]] = []
         #: False once the run is about to end: a correction then gets 409 instead of being lost.
         self.accepting_messages = True
+        #: True once the run is parked on an interrupt: this executor is done with it, and a
+        #: resume may start the next one even before this task has finished closing.
+        self.parked = False
 
     # -- control ---------------------------------------------------------------------------
 
@@ -355,6 +358,7 @@ class RunExecutor:
             {"assistant_message_id": self._leaf_id, "calls": items, "steering": self._steering}, None, None, now, expires, None,
         )
         if await self.store.open_interrupt(record, event):
+            self.parked = True
             self.log.publish_final(event)
             self._steering = []
             return True
