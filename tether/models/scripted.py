@@ -16,7 +16,9 @@ that message) plays ``script[k]``. Each element is an object with any of:
   the messages it was given (system prompt excluded): how tests see the history the model got;
 - ``"fail": str`` — the model call fails with that message (a provider error).
 
-When the script is used up, it answers ``"Done."``.
+When the script is used up, it answers ``"Done."`` — unless a plain user message came after
+the script, in which case the keyword rules below answer it (so a thread can go on after a
+scripted run).
 
 **Keyword rules** (no script; what the demo's chat box understands). After tool results it
 summarises them. Otherwise, on the last user message, case-insensitive:
@@ -103,7 +105,11 @@ class ScriptedModel:
             if script is None:
                 continue
             turn = sum(1 for m in messages[index + 1 :] if m.role == "assistant")
-            return script[turn] if turn < len(script) else {"text": "Done."}
+            if turn < len(script):
+                return script[turn]
+            if any(m.role == "user" for m in messages[index + 1 :]):
+                return None  # the script is used up and the user said more: keyword rules
+            return {"text": "Done."}
         return None
 
     def _keyword_step(self, request: ModelRequest) -> dict[str, Any]:
