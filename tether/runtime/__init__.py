@@ -18,7 +18,7 @@ from .._ids import utcnow
 from ..agent import Agent
 from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Cancelled, Envelope, Event, Resumed, RunError, format_ts
-from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, run_record
+from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, args_digest, run_record
 from .bus import LocalBus, Subscription
 from .config import RunConfig
 from .follow import follow_run
@@ -200,7 +200,7 @@ class Runtime:
             entries.append(
                 AuditEntry(
                     "decision", actor, thread_id, interrupt.run_id, interrupt_id, item["id"], item["name"],
-                    decision=decision["decision"], reason=decision.get("reason"), outcome="accepted", details=details,
+                    args_digest(tool.mask(item["args"])), decision=decision["decision"], reason=decision.get("reason"), outcome="accepted", details=details,
                 )
             )
         resolved, event, run_row = await self.store.leave_pending(
