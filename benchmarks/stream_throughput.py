@@ -1,0 +1,336 @@
+"""How fast does a Tether run stream, next to the fastest SSE stream Starlette + uvicorn can send?
+
+Run it from the repository root::
+
+    python benchmarks/stream_throughput.py              # --tokens 20000 --repeat 3
+    python benchmarks/stream_throughput.py --tokens 5000 --repeat 5
+
+It starts two servers as subprocesses on free localhost ports, with the uvicorn settings
+``tether demo`` uses:
+
+- **Tether**: ``tether demo`` on a fresh temporary SQLite database (durability on, the
+  default: every event is committed before it is sent). Each measured stream is
+  ``POST /v1/threads/{id}/runs`` with ``Accept: text/event-stream`` and the scripted-model
+  content ``{"script": [{"tokens": N}]}``: N zero-delay token deltas.
+- **The floor** (``benchmarks/_floor_app.py``): a bare Starlette endpoint that writes the same
+  events (same count, same envelope shape and size), encoded ahead of time, one chunk per
+  event, with no store.
+
+The client is a raw socket (no HTTP library in the timed path): it sends the request, then
+only appends what ``recv`` returns and looks for three markers with ``bytearray.find``
+(seq 1, the first ``token`` event, the terminal event). Counting and checking the events
+(seq contiguity, the number of tokens) happens after the clock stops. Its own CPU time is
+reported, to show it is not the bottleneck.
+
+Figures are medians over ``--repeat`` streams per server (after ``--warmup`` unmeasured
+ones), with Tether and the floor interleaved. Server CPU is the child's utime + stime from
+``/proc/<pid>/stat`` (all its threads, including SQLite's), read before the request and after
+the response ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+TERMINAL_MARKERS = (b"\nevent: done\n", b"\nevent: error\n", b"\nevent: cancelled\n")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+#: The speed this stage of Tether aims for, as a fraction of the floor's events/s.
+TARGET_RATIO = 0.3
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (all threads), from /proc."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Server:
+    """A server subprocess on a free port; ``stop`` sends SIGINT (uvicorn's graceful stop)."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log_path: Path) -> None:
+        self.name = name
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self._log_path = log_path
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=HERE.parent)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_until_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not start; its log:\n{self._log_path.read_text(errors='replace')[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+@dataclass
+class Stream:
+    """One measured stream."""
+
+    seconds: float  # request sent → terminal event received
+    first_event_s: float  # request sent → seq 1 received
+    first_token_s: float  # request sent → first token event received
+    events: int
+    tokens: int
+    bytes: int
+    server_cpu_s: float
+    client_cpu_s: float
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.seconds
+
+
+def _dechunk(raw: bytes) -> bytes:
+    """The body of a ``Transfer-Encoding: chunked`` response."""
+    out = bytearray()
+    pos = 0
+    while True:
+        eol = raw.index(b"\r\n", pos)
+        size = int(raw[pos:eol].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += raw[eol + 2 : eol + 2 + size]
+        pos = eol + 2 + size + 2
+
+
+def check_events(body: bytes, tokens: int) -> tuple[int, int]:
+    """Count the SSE events of ``body`` and check them: seqs 1..n without a gap, the right
+    number of tokens, a terminal event last. Returns (events, token events)."""
+    seqs: list[int] = []
+    types: list[str] = []
+    for block in body.split(b"\n\n"):
+        seq = kind = None
+        for line in block.split(b"\n"):
+            if line.startswith(b"id: "):
+                seq = int(line[4:])
+            elif line.startswith(b"event: "):
+                kind = line[7:].decode()
+        if seq is not None:
+            seqs.append(seq)
+            types.append(kind or "message")
+    if seqs != list(range(1, len(seqs) + 1)):
+        raise AssertionError("the seqs are not 1..n without a gap")
+    token_events = types.count("token")
+    if token_events != tokens:
+        raise AssertionError(f"expected {tokens} token events, got {token_events}")
+    if types[-1] not in ("done", "error", "cancelled"):
+        raise AssertionError(f"the last event is {types[-1]!r}, not a terminal event")
+    return len(seqs), token_events
+
+
+def measure_stream(server: Server, path: str, body: bytes, tokens: int) -> Stream:
+    """Send one POST over a raw socket and read its SSE response to the terminal event."""
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAccept: text/event-stream\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+    buf = bytearray()
+    first_event = first_token = terminal = 0.0
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        cpu_before = cpu_seconds(server.pid)
+        client_before = time.process_time()
+        start = time.perf_counter()
+        sock.sendall(request)
+        while True:
+            data = sock.recv(1 << 18)
+            if not data:
+                break
+            scan = max(0, len(buf) - 32)  # a marker may straddle two reads
+            buf += data
+            if not first_event and buf.find(b"\nid: 1\n", scan) >= 0:
+                first_event = time.perf_counter() - start
+            if not first_token and buf.find(b"\nevent: token\n", scan) >= 0:
+                first_token = time.perf_counter() - start
+            if any(buf.find(marker, scan) >= 0 for marker in TERMINAL_MARKERS):
+                terminal = time.perf_counter() - start
+                break
+        client_cpu = time.process_time() - client_before
+        # Read the end of the response (the last chunk, then the close), then count its CPU.
+        while data:
+            data = sock.recv(1 << 18)
+            buf += data
+        server_cpu = cpu_seconds(server.pid) - cpu_before
+    if not terminal:
+        raise RuntimeError(f"{server.name}: the stream ended without a terminal event:\n{bytes(buf[-2000:])!r}")
+    head, _, raw_body = bytes(buf).partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0]
+    if b" 200 " not in status_line:
+        raise RuntimeError(f"{server.name}: {status_line.decode()}")
+    sse = _dechunk(raw_body) if b"transfer-encoding: chunked" in head.lower() else raw_body
+    events, token_events = check_events(sse, tokens)
+    return Stream(terminal, first_event, first_token, events, token_events, len(sse), server_cpu, client_cpu)
+
+
+def tether_stream(server: Server, tokens: int) -> Stream:
+    thread = httpx.post(server.url + "/v1/threads", json={}, timeout=30).json()
+    content = json.dumps({"script": [{"tokens": tokens}]})
+    body = json.dumps({"input": {"content": content}}).encode()
+    return measure_stream(server, f"/v1/threads/{thread['id']}/runs", body, tokens)
+
+
+def floor_stream(server: Server, tokens: int) -> Stream:
+    httpx.post(server.url + f"/v1/prepare?tokens={tokens}", timeout=60).raise_for_status()
+    return measure_stream(server, f"/v1/stream?tokens={tokens}", b"{}", tokens)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ("tether", "uvicorn", "starlette", "fastapi", "sqlalchemy", "aiosqlite", "pydantic", "uvloop", "httptools")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
+def _fmt(value: float, digits: int) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def table(tether: list[Stream], floor: list[Stream]) -> str:
+    def med(runs: list[Stream], attr: str) -> float:
+        return statistics.median(getattr(r, attr) for r in runs)
+
+    rows: list[tuple[str, str, str, str]] = []
+
+    def row(label: str, attr: str, scale: float, digits: int, ratio: bool = False) -> None:
+        t, f = med(tether, attr) * scale, med(floor, attr) * scale
+        rows.append((label, _fmt(t, digits), _fmt(f, digits), f"**{t / f:.2f}×**" if ratio else ""))
+
+    row("events per stream", "events", 1, 0)
+    row("bytes per stream (SSE body)", "bytes", 1, 0)
+    row("**events/s delivered**", "events_per_s", 1, 0, ratio=True)
+    row("stream time, request → terminal event (ms)", "seconds", 1000, 1)
+    row("time to first event, seq 1 (ms)", "first_event_s", 1000, 2)
+    row("time to first token event (ms)", "first_token_s", 1000, 2)
+    row("server CPU during the stream (s)", "server_cpu_s", 1, 2)
+    t_cpu = statistics.median(r.server_cpu_s / r.events * 1e6 for r in tether)
+    f_cpu = statistics.median(r.server_cpu_s / r.events * 1e6 for r in floor)
+    rows.append(("server CPU per event (µs)", _fmt(t_cpu, 1), _fmt(f_cpu, 1), ""))
+    row("client CPU during the stream (s)", "client_cpu_s", 1, 2)
+    lines = ["| median of each | Tether (SQLite, durable) | floor (bare Starlette) | Tether / floor |", "|---|---:|---:|---:|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=20000, help="token deltas per stream (default 20000)")
+    parser.add_argument("--repeat", type=int, default=3, help="measured streams per server (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured streams per server first (default 1)")
+    parser.add_argument("--only", choices=("tether", "floor"), help="measure one server only")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
+        servers: dict[str, tuple[Server, Callable[[Server, int], Stream]]] = {}
+        try:
+            if args.only != "floor":
+                port = free_port()
+                db = f"sqlite:///{Path(tmp) / 'bench.db'}"
+                argv = [sys.executable, "-m", "tether.cli", "demo", "--port", str(port), "--db", db, "--log-level", "warning"]
+                servers["tether"] = (Server("tether", argv, port, Path(tmp) / "tether.log"), tether_stream)
+            if args.only != "tether":
+                port = free_port()
+                argv = [sys.executable, str(HERE / "_floor_app.py"), "--port", str(port), "--log-level", "warning"]
+                servers["floor"] = (Server("floor", argv, port, Path(tmp) / "floor.log"), floor_stream)
+            for server, _ in servers.values():
+                server.wait_until_ready()
+                # The pid is for a profiler: py-spy record --pid <pid> while the streams run.
+                print(f"{server.name}: pid {server.pid}, {server.url}", file=sys.stderr)
+            for name, (server, fn) in servers.items():
+                for _ in range(args.warmup):
+                    fn(server, args.tokens)
+            results: dict[str, list[Stream]] = {name: [] for name in servers}
+            for i in range(args.repeat):
+                for name, (server, fn) in servers.items():
+                    s = fn(server, args.tokens)
+                    results[name].append(s)
+                    print(
+                        f"[{i + 1}/{args.repeat}] {name:6} {s.events_per_s:>9,.0f} events/s  {s.seconds * 1000:7.1f} ms"
+                        f"  first event {s.first_event_s * 1000:6.2f} ms  first token {s.first_token_s * 1000:6.2f} ms"
+                        f"  server CPU {s.server_cpu_s:.2f} s  client CPU {s.client_cpu_s:.2f} s",
+                        file=sys.stderr,
+                    )
+        finally:
+            for server, _ in servers.values():
+                server.stop()
+
+    print(f"\nStream throughput: {args.tokens:,} zero-delay tokens per stream, median of {args.repeat}, over HTTP on localhost")
+    print(f"Machine: {machine()}")
+    print(f"Versions: {versions()}\n")
+    if len(results) == 2:
+        print(table(results["tether"], results["floor"]))
+        ratio = statistics.median(r.events_per_s for r in results["tether"]) / statistics.median(r.events_per_s for r in results["floor"])
+        verdict = "meets" if ratio >= TARGET_RATIO else "misses"
+        print(f"\nTether delivers {ratio:.3f}× the floor's events/s: it {verdict} the target of ≥ {TARGET_RATIO}×.")
+    else:
+        (name, runs), = results.items()
+        print(f"{name}: {statistics.median(r.events_per_s for r in runs):,.0f} events/s (median)")
+
+
+if __name__ == "__main__":
+    main()
