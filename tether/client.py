@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from contextlib import aclosing
 from types import TracebackType
 from typing import Any, AsyncIterator
 
@@ -193,12 +194,13 @@ class AsyncClient:
     async def wait_for_interrupt(self, run_id: str, *, after_seq: int = 0) -> dict[str, Any] | None:
         """Follow the run until it pauses for review; the pending interrupt, or None if the run
         ended without one."""
-        async for envelope in self.stream(run_id, after_seq=after_seq):
-            if envelope.type == "interrupt":
-                run = await self.get_run(run_id)
-                pending = run.get("pending_interrupt")
-                if pending and pending["id"] == envelope.data["interrupt_id"]:
-                    return pending  # type: ignore[no-any-return]
+        async with aclosing(self.stream(run_id, after_seq=after_seq)) as events:
+            async for envelope in events:
+                if envelope.type == "interrupt":
+                    run = await self.get_run(run_id)
+                    pending = run.get("pending_interrupt")
+                    if pending and pending["id"] == envelope.data["interrupt_id"]:
+                        return pending  # type: ignore[no-any-return]
         return None
 
     async def decide(self, thread_id: str, interrupt_id: str, decisions: list[dict[str, Any]]) -> dict[str, Any]:
