@@ -249,6 +249,15 @@ class Envelope(BaseModel):
         data = _dumps(event.model_dump(mode="json"))
         return f'{{"run_id":{_dumps(run_id)},"seq":{seq:d},"type":{_dumps(event.type)},"ts":{_dumps(ts)},"data":{data}}}'
 
+    @staticmethod
+    def encode_delta(run_id: str, seq: int, event_type: str, message_id: str, text: str, ts: str) -> str:
+        """``encode`` of a ``Token`` or ``Thinking`` event, byte for byte, without building the
+        event: the path every streamed delta takes."""
+        return (
+            f'{{"run_id":{_dumps(run_id)},"seq":{seq:d},"type":"{event_type}","ts":"{ts}",'
+            f'"data":{{"message_id":{_dumps(message_id)},"text":{_dumps(text)}}}}}'
+        )
+
     def to_json(self) -> str:
         """The canonical encoding: what the store keeps and SSE sends."""
         return _dumps({"run_id": self.run_id, "seq": self.seq, "type": self.type, "ts": self.ts, "data": self.data})

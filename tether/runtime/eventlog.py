@@ -58,14 +58,27 @@ class EventLog:
 
     def emit(self, event: Event) -> int:
         """Queue ``event`` for the next commit and return its seq."""
+        seq = self._claim()
+        self._queue(StoredEvent(seq, event.type, Envelope.encode(self.run_id, seq, event, now_ts())))
+        return seq
+
+    def emit_delta(self, event_type: str, message_id: str, text: str) -> int:
+        """``emit(Token(…))`` / ``emit(Thinking(…))`` on the hot path (same bytes, less work)."""
+        seq = self._claim()
+        self._queue(StoredEvent(seq, event_type, Envelope.encode_delta(self.run_id, seq, event_type, message_id, text, now_ts())))
+        return seq
+
+    def _claim(self) -> int:
         if self._failure is not None:
             raise RuntimeError("event log failed") from self._failure
         seq = self._next_seq
         self._next_seq += 1
-        self._pending.append(StoredEvent(seq, event.type, Envelope.encode(self.run_id, seq, event, now_ts())))
+        return seq
+
+    def _queue(self, stored: StoredEvent) -> None:
+        self._pending.append(stored)
         self._idle.clear()
         self._has_pending.set()
-        return seq
 
     def seal(self, event: Event) -> StoredEvent:
         """Build the terminal event with the next seq, without queueing it.

@@ -33,7 +33,7 @@ import anyio
 from .._ids import new_id, utcnow
 from ..agent import Agent
 from ..errors import ModelError, RunNotActive
-from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, Thinking, Token, ToolCall, ToolResult, UserMessage, format_ts
+from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, ToolCall, ToolResult, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
 from ..tools import Tool, ToolArgsError, ToolContext
@@ -233,10 +233,10 @@ class RunExecutor:
                         if isinstance(delta, TextDelta):
                             if delta.text:
                                 parts.append(delta.text)
-                                self.log.emit(Token(message_id=message.id, text=delta.text))
+                                self.log.emit_delta("token", message.id, delta.text)
                         elif isinstance(delta, ThinkingDelta):
                             if delta.text:
-                                self.log.emit(Thinking(message_id=message.id, text=delta.text))
+                                self.log.emit_delta("thinking", message.id, delta.text)
                         elif isinstance(delta, ToolCallRequest):
                             calls.append(delta)
             except ModelError as exc:
