@@ -121,6 +121,12 @@ class Edit(BaseModel):
     decision: Literal["edit"]
     args: dict[str, Any]
 
+    @field_validator("args")
+    @classmethod
+    def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_json_value(value)
+        return value
+
 
 class Respond(BaseModel):
     """Do not run the action; this message is its result."""

@@ -1,0 +1,202 @@
+"""A server killed mid-run and started again on the same database (DESIGN §2, §3, §9).
+
+The server runs as a child process (``tether demo``) that the test SIGKILLs: no shutdown code
+runs, exactly as in a crash. What was committed must come back byte for byte; the run that was
+executing must end ``failed`` with ``server_restarted`` and exactly one terminal event; the text
+it had streamed stays, flagged ``failed``; and the thread is usable again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from tether.events import TERMINAL_TYPES, Envelope
+
+from .conftest import ServerProcess, script, sqlite_url
+
+pytestmark = pytest.mark.anyio
+
+SSE = {"Accept": "text/event-stream"}
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    """Started server processes, all stopped at the end (a killed one is already gone)."""
+    started: list[ServerProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+def start_server(processes: list[ServerProcess], tmp_path: Path) -> ServerProcess:
+    process = ServerProcess(sqlite_url(tmp_path), tmp_path / f"server-{len(processes)}.log")
+    processes.append(process)
+    return process.start()
+
+
+async def replay(http: httpx.AsyncClient, run_id: str) -> tuple[bytes, bytes]:
+    """A finished run as the API serves it: the whole SSE body and the JSON page, as bytes."""
+    sse = await http.get(f"/v1/runs/{run_id}/events", headers=SSE)
+    assert sse.status_code == 200, sse.text
+    page = await http.get(f"/v1/runs/{run_id}/events", params={"limit": 1000})
+    assert page.status_code == 200, page.text
+    return sse.content, page.content
+
+
+async def run_to_end(http: httpx.AsyncClient, thread_id: str, content: str) -> dict[str, Any]:
+    response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": content}})
+    assert response.status_code == 202, response.text
+    run_id = response.json()["id"]
+    await http.get(f"/v1/runs/{run_id}/events", headers=SSE)  # the stream closes after the terminal event
+    return (await http.get(f"/v1/runs/{run_id}")).json()  # type: ignore[no-any-return]
+
+
+async def stream_events(http: httpx.AsyncClient, run_id: str) -> AsyncIterator[Envelope]:
+    async with http.stream("GET", f"/v1/runs/{run_id}/events", headers=SSE) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                yield Envelope.from_json(line[len("data: ") :])
+
+
+async def test_a_killed_server_restarts_with_every_run_intact_and_the_interrupted_one_failed(
+    processes: list[ServerProcess], tmp_path: Path
+) -> None:
+    first = start_server(processes, tmp_path)
+    async with httpx.AsyncClient(base_url=first.url, timeout=30) as http:
+        thread_id = (await http.post("/v1/threads", json={"metadata": {"case": "restart"}})).json()["id"]
+        finished: dict[str, dict[str, Any]] = {}
+        for content in (
+            script({"text": "a finished answer"}),
+            script({"text": "looking", "tool_calls": [{"name": "get_order", "args": {"order_id": "A100"}}]}, {"text": "it shipped"}),
+            script({"fail": "the provider fell over"}),
+        ):
+            run = await run_to_end(http, thread_id, content)
+            finished[run["id"]] = run
+        # And one cancelled run.
+        response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": 500, "delay_ms": 10})}})
+        cancelled_id = response.json()["id"]
+        await asyncio.sleep(0.2)
+        assert (await http.post(f"/v1/runs/{cancelled_id}/cancel", json={"mode": "hard", "reason": "enough"})).status_code == 202
+        await http.get(f"/v1/runs/{cancelled_id}/events", headers=SSE)
+        finished[cancelled_id] = (await http.get(f"/v1/runs/{cancelled_id}")).json()
+        assert sorted(r["status"] for r in finished.values()) == ["cancelled", "completed", "completed", "failed"]
+        before = {run_id: await replay(http, run_id) for run_id in finished}
+        messages_before = (await http.get(f"/v1/threads/{thread_id}/messages", params={"view": "tree"})).json()["items"]
+
+        # A long slow run, killed in the middle of its stream.
+        response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": 3000, "delay_ms": 10})}})
+        assert response.status_code == 202, response.text
+        interrupted_id = response.json()["id"]
+        seen: list[Envelope] = []
+        async with aclosing(stream_events(http, interrupted_id)) as events:
+            async for event in events:
+                seen.append(event)
+                if sum(e.type == "token" for e in seen) >= 30:
+                    break
+    first.kill()
+
+    second = start_server(processes, tmp_path)
+    async with httpx.AsyncClient(base_url=second.url, timeout=30) as http:
+        # Every finished run replays exactly as before: same SSE bytes, same JSON envelopes.
+        for run_id, (sse, page) in before.items():
+            assert await replay(http, run_id) == (sse, page), f"run {run_id} replays differently"
+            after = (await http.get(f"/v1/runs/{run_id}")).json()
+            assert after == finished[run_id]
+        tree = (await http.get(f"/v1/threads/{thread_id}/messages", params={"view": "tree"})).json()["items"]
+        assert tree[: len(messages_before)] == messages_before  # the settled messages are untouched
+
+        # The interrupted run: failed, server_restarted, exactly one terminal event at the end.
+        run = (await http.get(f"/v1/runs/{interrupted_id}")).json()
+        assert run["status"] == "failed"
+        assert run["error"]["code"] == "server_restarted"
+        assert run["ended_at"] is not None
+        log = (await http.get(f"/v1/runs/{interrupted_id}/events", params={"limit": 1000})).json()["items"]
+        assert [e["seq"] for e in log] == list(range(1, len(log) + 1))
+        assert [e["type"] for e in log if e["type"] in TERMINAL_TYPES] == ["error"]
+        assert log[-1]["type"] == "error"
+        assert log[-1]["data"]["code"] == "server_restarted"
+        assert log[-1]["data"]["retryable"] is True
+        # Durable before sent: everything a client saw before the crash is in the log, unchanged.
+        assert [Envelope.model_validate(e) for e in log[: len(seen)]] == seen
+        streamed = [e for e in log if e["type"] == "token"]
+        assert len(streamed) >= 30
+        assert len(streamed) < 3000
+
+        # Its partial answer is kept with the text streamed before the kill, flagged failed.
+        path = (await http.get(f"/v1/threads/{thread_id}/messages", params={"view": "path"})).json()["items"]
+        partial = path[-1]
+        assert partial["run_id"] == interrupted_id and partial["role"] == "assistant"
+        assert partial["status"] == "failed"
+        assert {e["data"]["message_id"] for e in streamed} == {partial["id"]}
+        assert partial["content"] == "".join(e["data"]["text"] for e in streamed)
+        assert partial["content"].startswith("".join(e.data["text"] for e in seen if e.type == "token"))
+
+        # Its stream replays to the end and closes (a client that was following catches up).
+        replayed = [event async for event in stream_events(http, interrupted_id)]
+        assert [e.model_dump() for e in replayed] == log
+        interrupted_replay = await replay(http, interrupted_id)
+
+        # The thread is usable again: a new run completes on it.
+        assert (await http.get(f"/v1/threads/{thread_id}")).json()["active_run_id"] is None
+        after_restart = await run_to_end(http, thread_id, script({"text": "back in business"}))
+        assert after_restart["status"] == "completed"
+        path = (await http.get(f"/v1/threads/{thread_id}/messages", params={"view": "path"})).json()["items"]
+        assert path[-1]["content"] == "back in business"
+        assert path[-1]["status"] == "complete"
+    second.stop()
+
+    # Recovery happens once: a further restart changes nothing that is already settled.
+    third = start_server(processes, tmp_path)
+    async with httpx.AsyncClient(base_url=third.url, timeout=30) as http:
+        assert await replay(http, interrupted_id) == interrupted_replay
+        for run_id, (sse, page) in before.items():
+            assert await replay(http, run_id) == (sse, page)
+        assert (await http.get(f"/v1/runs/{after_restart['id']}")).json()["status"] == "completed"
+
+
+async def test_a_tool_cut_off_by_a_kill_gets_an_unknown_result_and_is_never_rerun(
+    processes: list[ServerProcess], tmp_path: Path
+) -> None:
+    first = start_server(processes, tmp_path)
+    async with httpx.AsyncClient(base_url=first.url, timeout=30) as http:
+        thread_id = (await http.post("/v1/threads", json={})).json()["id"]
+        content = script({"text": "one moment", "tool_calls": [{"name": "sleep", "args": {"seconds": 30}}]}, {"text": "slept well"})
+        run_id = (await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": content}})).json()["id"]
+        async with aclosing(stream_events(http, run_id)) as events:
+            async for event in events:
+                if event.type == "tool_call":
+                    call_id = event.data["call_id"]
+                    break
+        await asyncio.sleep(0.3)  # the tool is sleeping now
+    first.kill()
+
+    second = start_server(processes, tmp_path)
+    async with httpx.AsyncClient(base_url=second.url, timeout=30) as http:
+        run = (await http.get(f"/v1/runs/{run_id}")).json()
+        assert run["status"] == "failed" and run["error"]["code"] == "server_restarted"
+        log = (await http.get(f"/v1/runs/{run_id}/events", params={"limit": 1000})).json()["items"]
+        assert [e["seq"] for e in log] == list(range(1, len(log) + 1))
+        assert [e["type"] for e in log if e["type"] in TERMINAL_TYPES] == ["error"] and log[-1]["type"] == "error"
+        # Exactly one result per call: nobody knows whether the cut-off tool had its effect.
+        results = [e["data"] for e in log if e["type"] == "tool_result"]
+        assert [(r["call_id"], r["status"]) for r in results] == [(call_id, "unknown")]
+        # The stored history answers the call, so the next model call is a valid request.
+        path = (await http.get(f"/v1/threads/{thread_id}/messages", params={"view": "path"})).json()["items"]
+        assert [m["tool_call_id"] for m in path if m["role"] == "tool"] == [call_id]
+        # And it is not run again on its own.
+        await asyncio.sleep(0.5)
+        assert (await http.get("/v1/demo/effects", params={"run_id": run_id})).json()["items"] == []
+
+        after = await run_to_end(http, thread_id, script({"echo": True}))
+        assert after["status"] == "completed"
+        path = (await http.get(f"/v1/threads/{thread_id}/messages", params={"view": "path"})).json()["items"]
+        seen_by_model = json.loads(path[-1]["content"])
+        assert [m["role"] for m in seen_by_model] == ["user", "assistant", "tool", "user"]
