@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from ..runtime.config import RunConfig
 
@@ -30,10 +30,7 @@ def _check_json_value(value: Any, depth: int = 0) -> None:
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("strings must be valid Unicode (no lone surrogates)") from None
+        _check_text(value)
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError("numbers must be finite")
@@ -44,6 +41,22 @@ def _check_json_value(value: Any, depth: int = 0) -> None:
     elif isinstance(value, list):
         for item in value:
             _check_json_value(item, depth + 1)
+
+
+def _check_text(value: str) -> str:
+    """Text that every backend can store and every response can send back: valid Unicode
+    (no lone surrogates) and no NUL character (PostgreSQL refuses it in text and JSON)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("strings must be valid Unicode (no lone surrogates)") from None
+    if "\x00" in value:
+        raise ValueError("strings must not contain the NUL character")
+    return value
+
+
+#: A string the store can keep on any backend.
+Text = Annotated[str, AfterValidator(_check_text)]
 
 
 class CreateThread(BaseModel):
@@ -63,7 +76,7 @@ class RunInput(BaseModel):
     """The user's message that starts a run."""
 
     model_config = _STRICT
-    content: str = Field(min_length=1, max_length=1_000_000)
+    content: Text = Field(min_length=1, max_length=1_000_000)
 
 
 class CreateRun(BaseModel):
@@ -88,7 +101,7 @@ class MessageContent(BaseModel):
     """``POST /v1/runs/{id}/messages`` and ``PATCH /v1/messages/{id}``."""
 
     model_config = _STRICT
-    content: str = Field(min_length=1, max_length=1_000_000)
+    content: Text = Field(min_length=1, max_length=1_000_000)
 
 
 class CancelRun(BaseModel):
@@ -96,7 +109,7 @@ class CancelRun(BaseModel):
 
     model_config = _STRICT
     mode: Literal["soft", "hard"] = "soft"
-    reason: str | None = Field(default=None, max_length=2000)
+    reason: Text | None = Field(default=None, max_length=2000)
 
 
 class Approve(BaseModel):
@@ -111,7 +124,7 @@ class Reject(BaseModel):
 
     model_config = _STRICT
     decision: Literal["reject"]
-    reason: str | None = Field(default=None, max_length=4000)
+    reason: Text | None = Field(default=None, max_length=4000)
 
 
 class Edit(BaseModel):
@@ -133,7 +146,7 @@ class Respond(BaseModel):
 
     model_config = _STRICT
     decision: Literal["respond"]
-    message: str = Field(min_length=1, max_length=100_000)
+    message: Text = Field(min_length=1, max_length=100_000)
 
 
 DecisionBody = Annotated[Approve | Reject | Edit | Respond, Field(discriminator="decision")]
