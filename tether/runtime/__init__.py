@@ -88,6 +88,10 @@ class Runtime:
             if self._executors.get(executor.run.id) is executor:
                 del self._executors[executor.run.id]
 
+    def executing_count(self) -> int:
+        """How many runs this process is executing now."""
+        return sum(1 for executor in self._executors.values() if not executor.parked)
+
     def is_executing(self, run_id: str) -> bool:
         """True while this process executes ``run_id``."""
         executor = self._executors.get(run_id)

@@ -57,6 +57,8 @@ class LocalBus:
     def __init__(self, *, max_pending: int = 50_000) -> None:
         self._subscribers: dict[str, set[Subscription]] = {}
         self._max_pending = max_pending
+        #: Events published since start (a counter for ``/metrics``).
+        self.published = 0
 
     @contextlib.contextmanager
     def subscribe(self, run_id: str) -> Iterator[Subscription]:
@@ -74,8 +76,13 @@ class LocalBus:
 
     def publish(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
         """Hand a committed batch to every follower of ``run_id``."""
+        self.published += len(batch)
         for subscription in self._subscribers.get(run_id, ()):
             subscription._push(batch)
+
+    def total_subscribers(self) -> int:
+        """How many streams follow any run right now."""
+        return sum(len(followers) for followers in self._subscribers.values())
 
     def subscriber_count(self, run_id: str) -> int:
         """How many streams follow ``run_id`` right now."""

@@ -11,21 +11,16 @@ import contextlib
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
 
 from .. import __version__
 from ..agent import Agent
 from ..runtime import Runtime
 from ..store import Store
-from . import review, runs, threads
+from . import metrics, review, runs, threads
 from ._errors import install_error_handlers
+from .ui import install_ui
 
 __all__ = ["create_app"]
-
-_INDEX = """<!doctype html><html lang="en"><meta charset="utf-8"><title>Tether</title>
-<body style="font-family:system-ui;max-width:40rem;margin:3rem auto">
-<h1>Tether</h1><p>The server is running. The API is documented at <a href="/docs">/docs</a>
-(OpenAPI: <a href="/openapi.json">/openapi.json</a>).</p></body></html>"""
 
 
 def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0) -> FastAPI:
@@ -61,6 +56,7 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0) -> FastAP
     app.include_router(threads.messages_router)
     app.include_router(runs.router)
     app.include_router(review.router)
+    app.include_router(metrics.router)
     for route in agent.routes:
         app.router.routes.append(route)
 
@@ -69,8 +65,6 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0) -> FastAP
         """Liveness."""
         return {"status": "ok"}
 
-    @app.get("/", include_in_schema=False)
-    async def index() -> HTMLResponse:
-        return HTMLResponse(_INDEX)
+    install_ui(app)  # the web UI at "/" and its files at "/static"
 
     return app

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -280,8 +281,19 @@ class Store(ReviewStoreMixin):
             cfg.attributes["connection"] = sync_conn
             command.upgrade(cfg, "head")
 
-        async with self._writing() as conn:
-            await conn.run_sync(upgrade)
+        # Stores opening one database at once (server processes starting together) must not
+        # both create the tables: the first migrates under a database lock, the others then
+        # find the schema at head. Alembic's ``context`` is process-global, so two upgrades
+        # interleaving on one event loop (or in two threads) also clobber each other.
+        async with _process_migration_lock():
+            async with self._writing() as conn:
+                if self.is_sqlite:
+                    # The write lock now, before alembic reads the version table (pysqlite
+                    # would only BEGIN at the first DML, leaving DDL in autocommit).
+                    await conn.exec_driver_sql("BEGIN IMMEDIATE")
+                else:
+                    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_MIGRATION_LOCK_KEY)))
+                await conn.run_sync(upgrade)
 
     async def aclose(self) -> None:
         """Dispose of the connection pool."""
@@ -632,6 +644,12 @@ class Store(ReviewStoreMixin):
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
         return True
 
+    async def count_runs_by_status(self) -> dict[str, int]:
+        """How many runs are in each status (for ``/metrics``)."""
+        query = sa.select(runs.c.status, sa.func.count()).group_by(runs.c.status)
+        async with self._reading() as conn:
+            return {row[0]: int(row[1]) for row in await conn.execute(query)}
+
     # -- events ----------------------------------------------------------------------------
 
     async def append_events(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
@@ -673,6 +691,26 @@ class Store(ReviewStoreMixin):
     def connection(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A read connection, for an agent's own tables."""
         return self._reading()
+
+
+#: PostgreSQL advisory lock key held while migrating (any constant; "tether" in ASCII).
+_MIGRATION_LOCK_KEY = 0x746574686572
+_MIGRATION_LOCK = threading.Lock()
+
+
+@contextlib.asynccontextmanager
+async def _process_migration_lock() -> AsyncIterator[None]:
+    """One migration at a time in this process, across event loops and threads.
+
+    Polled rather than acquired in a worker thread, so a cancelled open never leaves the lock
+    taken by a thread nobody waits for.
+    """
+    while not _MIGRATION_LOCK.acquire(blocking=False):
+        await asyncio.sleep(0.005)
+    try:
+        yield
+    finally:
+        _MIGRATION_LOCK.release()
 
 
 # Bound parameters one SQLite statement may take (SQLITE_MAX_VARIABLE_NUMBER: 999 before 3.32).

@@ -194,6 +194,12 @@ class ReviewStoreMixin:
         async with self._reading() as conn:
             return [_interrupt(r) for r in await conn.execute(query)]
 
+    async def count_pending_interrupts(self) -> int:
+        """How many interrupts wait for a decision (for ``/metrics``)."""
+        query = sa.select(sa.func.count()).select_from(interrupts).where(interrupts.c.status == "pending")
+        async with self._reading() as conn:
+            return int((await conn.execute(query)).scalar() or 0)
+
     async def next_expiry(self) -> datetime | None:
         """The earliest ``expires_at`` of any pending interrupt."""
         query = sa.select(sa.func.min(interrupts.c.expires_at)).where(interrupts.c.status == "pending")
