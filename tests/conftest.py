@@ -7,6 +7,7 @@ in its own thread with its own event loop, as it would in its own process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,10 +17,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
+import asyncpg
 import httpx
 import pytest
+import sqlalchemy as sa
 import uvicorn
 
 from tether.agent import Agent
@@ -69,6 +72,41 @@ def db_url(tmp_path: Path) -> str:
     return sqlite_url(tmp_path)
 
 
+#: The PostgreSQL server tests create their databases on (CI starts one; trust auth).
+POSTGRES_ADMIN_URL = os.environ.get("TETHER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@contextlib.asynccontextmanager
+async def postgres_url_for_test() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database for one test (``tether_t_<hex>``), dropped afterwards.
+
+    An unreachable server is an error, never a skip: the PostgreSQL half of a suite must not
+    pass by not running.
+    """
+    admin_url = sa.engine.make_url(POSTGRES_ADMIN_URL)
+    name = f"tether_t_{os.urandom(6).hex()}"
+    admin = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=10)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        admin = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=10)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+@pytest.fixture
+async def pg_db_url() -> AsyncIterator[str]:
+    """The URL of a fresh PostgreSQL database (for ``anyio`` tests; see :func:`postgres_url_for_test`)."""
+    async with postgres_url_for_test() as url:
+        yield url
+
+
 @pytest.fixture
 def server(db_url: str) -> Iterator[LiveServer]:
     """The demo agent (scripted model) served on a fresh SQLite database."""
@@ -88,9 +126,10 @@ def free_port() -> int:
 class ServerProcess:
     """``tether demo`` in a child process (for tests that kill the server)."""
 
-    def __init__(self, db_url: str, log_path: Path) -> None:
+    def __init__(self, db_url: str, log_path: Path, *, extra_args: tuple[str, ...] = ()) -> None:
         self.db_url = db_url
         self.log_path = log_path
+        self.extra_args = extra_args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -98,7 +137,7 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tether.cli", "demo", "--port", str(self.port), "--db", self.db_url, "--log-level", "warning"],
+            [sys.executable, "-m", "tether.cli", "demo", "--port", str(self.port), "--db", self.db_url, "--log-level", "warning", *self.extra_args],
             stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         log.close()

@@ -51,16 +51,20 @@ def load_agent(spec: str) -> Agent:
     return obj
 
 
-def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str) -> None:
+def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lease_seconds: float = 10.0) -> None:
     import uvicorn
 
     from .server import create_app
 
     click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {db})", err=True)
-    uvicorn.run(create_app(agent, db), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3)
+    uvicorn.run(create_app(agent, db, lease_s=lease_seconds), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3)
 
 
 def _server_options(fn):  # type: ignore[no-untyped-def]
+    fn = click.option(
+        "--lease-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0.5),
+        help="With PostgreSQL and several processes: how long after its executor dies a run is taken over.",
+    )(fn)
     fn = click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))(fn)
     fn = click.option("--db", "db", default=None, help="Database URL (sqlite:///path or postgresql://…).")(fn)
     fn = click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))(fn)
@@ -77,16 +81,18 @@ def main() -> None:
 @main.command()
 @click.argument("app")
 @_server_options
-def serve(app: str, host: str, port: int, db: str | None, log_level: str) -> None:
+def serve(app: str, host: str, port: int, db: str | None, log_level: str, lease_seconds: float) -> None:
     """Serve the agent APP (module:attr)."""
-    _run_server(load_agent(app), host, port, db or default_db_url("tether"), log_level)
+    _run_server(load_agent(app), host, port, db or default_db_url("tether"), log_level, lease_seconds)
 
 
 @main.command()
 @_server_options
 @click.option("--openai-model", default=None, envvar="TETHER_OPENAI_MODEL", help="Use an OpenAI-compatible model instead of the scripted one.")
 @click.option("--openai-base-url", default=None, envvar="TETHER_OPENAI_BASE_URL", help="Base URL of the OpenAI-compatible API.")
-def demo(host: str, port: int, db: str | None, log_level: str, openai_model: str | None, openai_base_url: str | None) -> None:
+def demo(
+    host: str, port: int, db: str | None, log_level: str, lease_seconds: float, openai_model: str | None, openai_base_url: str | None
+) -> None:
     """Serve the built-in demo shop agent (scripted model, no keys needed)."""
     from .demo import build_demo_agent
 
@@ -95,7 +101,7 @@ def demo(host: str, port: int, db: str | None, log_level: str, openai_model: str
         from .models.openai import OpenAIModel
 
         model = OpenAIModel(openai_model, base_url=openai_base_url)
-    _run_server(build_demo_agent(model), host, port, db or default_db_url("demo"), log_level)
+    _run_server(build_demo_agent(model), host, port, db or default_db_url("demo"), log_level, lease_seconds)
 
 
 @main.command()

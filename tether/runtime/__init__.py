@@ -51,8 +51,11 @@ class Runtime:
 
     async def start(self) -> None:
         """Recover what a previous process left behind, then start the expiry sweeper."""
+        if hasattr(self.bus, "on_control"):
+            self.bus.on_control = self._on_control
         await self._recover()
         self._spawn(self._sweep_forever(), "interrupt-sweeper")
+        self._spawn(self._keep_leases(), "lease-keeper")
 
     async def aclose(self) -> None:
         """Stop every owned task (executing runs are recovered on the next start)."""
@@ -110,6 +113,9 @@ class Runtime:
         executor = self._executors.get(run_id)
         if executor is not None and not executor.parked:
             executor.request_cancel(record.cancel_mode or mode)
+        elif self._executed_elsewhere(record):
+            # Another live process executes it: tell that one (it also re-checks the store).
+            await self.store.send_control({"kind": "cancel", "run_id": run_id, "mode": record.cancel_mode or mode})
         elif run_id not in self._finishing:
             # Nothing executes it here (queued, waiting for a human, or orphaned): finish it
             # directly. The conditional write makes a racing finisher harmless; a second cancel
@@ -120,6 +126,43 @@ class Runtime:
             finally:
                 self._finishing.discard(run_id)
         return await self.store.get_run(run_id)
+
+    def _executed_elsewhere(self, record: RunRecord) -> bool:
+        """True while another process holds a live claim on the run."""
+        return (
+            record.executor_id is not None
+            and record.executor_id != self.store.instance_id
+            and record.lease_expires_at is not None
+            and record.lease_expires_at > utcnow()
+        )
+
+    def _on_control(self, message: dict[str, Any]) -> None:
+        """A command from another process (through the bus)."""
+        executor = self._executors.get(str(message.get("run_id")))
+        if executor is None or executor.parked:
+            return
+        if message.get("kind") == "cancel":
+            executor.request_cancel("hard" if message.get("mode") == "hard" else "soft")
+
+    async def _keep_leases(self) -> None:
+        """Renew this process's claims; pick up cancels another process recorded (a backstop
+        for a lost notification); take over runs whose executor died (PostgreSQL)."""
+        interval = self.store.lease_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                local = [rid for rid, ex in self._executors.items() if not ex.parked]
+                await self.store.renew_leases(local)
+                for run_id in local:
+                    executor = self._executors.get(run_id)
+                    if executor is not None and executor.cancel_mode != "hard":
+                        current = await self.store.get_run(run_id)
+                        if current.status == "cancelling" and current.cancel_mode != executor.cancel_mode:
+                            executor.request_cancel(current.cancel_mode or "soft")
+                if not self.store.is_sqlite:
+                    await self._recover_runs(await self.store.claim_abandoned())
+            except Exception:
+                log.exception("lease keeper failed; retrying")
 
     async def _cancel_without_executor(self, record: RunRecord) -> None:
         """Finish a cancelling run that no task executes; a pending interrupt's gated calls
@@ -252,10 +295,17 @@ class Runtime:
     # -- recovery --------------------------------------------------------------------------
 
     async def _recover(self) -> None:
-        """Finish what a dead process left: ``running`` → failed (``server_restarted``),
+        """At start-up, take the runs a dead process left. On SQLite (one process) that is
+        every run needing an executor; on PostgreSQL, only those whose claim has lapsed (other
+        live processes keep theirs), and the lease keeper goes on looking."""
+        claimed = await (self.store.claim_all_active() if self.store.is_sqlite else self.store.claim_abandoned())
+        await self._recover_runs(claimed)
+
+    async def _recover_runs(self, claimed: list[RunRecord]) -> None:
+        """Finish runs claimed from a dead process: ``running`` → failed (``server_restarted``),
         ``cancelling`` → cancelled, ``queued`` → executed now. ``waiting_human`` runs need
         nothing: they live in the store only."""
-        for run in await self.store.runs_in_status(("running", "cancelling", "queued")):
+        for run in claimed:
             if run.status == "queued":
                 self.launch(run)
                 continue

@@ -24,23 +24,29 @@ class Subscription:
         self._pending: deque[StoredEvent] = deque()
         self._wakeup = asyncio.Event()
         self._max_pending = max_pending
-        #: True when events were dropped; the reader must re-read from the store.
-        self.overflowed = False
+        #: True when the store has events this queue lacks (events were dropped, or another
+        #: process committed some); the reader must catch up from the store.
+        self.stale = False
 
     def _push(self, batch: Sequence[StoredEvent]) -> None:
         if len(self._pending) + len(batch) > self._max_pending:
             self._pending.clear()
-            self.overflowed = True
+            self.stale = True
         else:
             self._pending.extend(batch)
+        self._wakeup.set()
+
+    def mark_stale(self) -> None:
+        """Tell the reader to catch up from the store (new events were committed elsewhere)."""
+        self.stale = True
         self._wakeup.set()
 
     async def wait_for_events(self, timeout: float) -> list[StoredEvent] | None:
         """The events published since the last call; ``None`` if ``timeout`` passed with none.
 
-        Check :attr:`overflowed` after a return: when set, events were dropped.
+        Check :attr:`stale` after a return: when set, read the store too.
         """
-        if not self._pending and not self.overflowed:
+        if not self._pending and not self.stale:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
             except TimeoutError:

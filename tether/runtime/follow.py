@@ -2,7 +2,7 @@
 
 The follower subscribes to the bus *before* reading the store, so every event committed after
 the read is also in its queue; it then skips what it already has by ``seq``. When the live queue
-shows a gap (or overflowed), it reads the missing range back from the store. It stops after
+shows a gap (or is stale: it overflowed, or another process committed), it reads the missing range back from the store. It stops after
 the terminal event, also when the cursor is already at or past it (a client resuming after the
 end gets an empty stream that closes, not one that waits forever). Closing the generator (a
 client went away) only unsubscribes: the run is not touched.
@@ -54,9 +54,9 @@ async def follow_run(
             if batch is None:
                 yield []
                 continue
-            if live.overflowed or (batch and batch[0].seq > last + 1):
+            if live.stale or (batch and batch[0].seq > last + 1):
                 # Published events are already committed, so the store has the missing range.
-                live.overflowed = False
+                live.stale = False
                 async for page in catch_up():
                     yield page
                     if page[-1].type in TERMINAL_TYPES:

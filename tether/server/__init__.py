@@ -14,7 +14,8 @@ from fastapi import FastAPI
 
 from .. import __version__
 from ..agent import Agent
-from ..runtime import Runtime
+from ..runtime import LocalBus, Runtime
+from ..runtime.pgbus import PostgresBus
 from ..store import Store
 from . import metrics, review, runs, threads
 from ._errors import install_error_handlers
@@ -23,22 +24,36 @@ from .ui import install_ui
 __all__ = ["create_app"]
 
 
-def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0) -> FastAPI:
+def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0, lease_s: float = 10.0) -> FastAPI:
     """Build the application serving ``agent`` on the database at ``db_url``.
 
     ``sse_ping_s`` is the longest an event stream stays silent: an idle stream gets a
-    ``: ping`` comment that often, so proxies and browsers do not time it out.
+    ``: ping`` comment that often, so proxies and browsers do not time it out. ``lease_s`` is
+    how long a process's claim on a run it executes lasts without renewal: after that long
+    without a heartbeat (the process died), another process sharing the PostgreSQL database
+    takes the run over.
     """
     if sse_ping_s <= 0:
         raise ValueError("sse_ping_s must be positive")
+    if lease_s <= 0:
+        raise ValueError("lease_s must be positive")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await Store.open(db_url)
-        runtime = Runtime(store, agent)
+        store.lease_s = lease_s
+        bus: LocalBus
+        if store.is_sqlite:
+            bus = LocalBus()
+        else:  # other processes may share the database: hear what they commit and command
+            dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            bus = PostgresBus(dsn, store.instance_id)
+        runtime = Runtime(store, agent, bus)
         app.state.store = store
         app.state.runtime = runtime
         try:
+            if isinstance(bus, PostgresBus):
+                await bus.start()
             if agent.on_startup is not None:
                 await agent.on_startup(store)
             await runtime.start()
@@ -47,7 +62,11 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0) -> FastAP
             try:
                 await runtime.aclose()
             finally:
-                await store.aclose()
+                try:
+                    if isinstance(bus, PostgresBus):
+                        await bus.aclose()
+                finally:
+                    await store.aclose()
 
     app = FastAPI(title="Tether", version=__version__, lifespan=lifespan)
     app.state.sse_ping_s = sse_ping_s

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sqlite3
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Sequence
 
@@ -79,6 +80,9 @@ class RunRecord:
     cancel_mode: str | None
     cancel_reason: str | None
     cancel_actor: str | None
+    #: The process executing the run (None while it waits for a human, or once it ended).
+    executor_id: str | None = None
+    lease_expires_at: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -187,6 +191,8 @@ def run_record(row: Any) -> RunRecord:
         cancel_mode=row.cancel_mode,
         cancel_reason=row.cancel_reason,
         cancel_actor=row.cancel_actor,
+        executor_id=row.executor_id,
+        lease_expires_at=row.lease_expires_at,
     )
 
 
@@ -245,6 +251,11 @@ class Store(ReviewStoreMixin):
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.is_sqlite = engine.dialect.name == "sqlite"
+        #: This process's identity: it owns the runs it executes (``runs.executor_id``) and
+        #: tags its notifications so it can ignore its own.
+        self.instance_id = new_id("proc")
+        #: How long a run's claim lasts without renewal (another process may then take it over).
+        self.lease_s = 10.0
         # SQLite allows one writer; serialise ours rather than collide on SQLITE_BUSY.
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if self.is_sqlite else None
 
@@ -478,7 +489,7 @@ class Store(ReviewStoreMixin):
                 await conn.execute(
                     runs.insert().values(
                         id=run_id, thread_id=thread_id, status="queued", config=config,
-                        input_message_id=input_id, created_at=now,
+                        input_message_id=input_id, created_at=now, **self._lease_values(),
                     )
                 )
             except IntegrityError:
@@ -494,6 +505,7 @@ class Store(ReviewStoreMixin):
             started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=input_id), now)
             stored = StoredEvent(1, started.type, started.to_json())
             await conn.execute(events.insert().values(run_id=run_id, seq=1, type=stored.type, envelope=stored.envelope))
+            await self._announce(conn, run_id, 1)
         return run, message, stored  # type: ignore[return-value]
 
     async def set_active_leaf(self, thread_id: str, message_id: str) -> str:
@@ -640,6 +652,7 @@ class Store(ReviewStoreMixin):
                     for e in (*events_before, final_event)
                 ],
             )
+            await self._announce(conn, run_id, final_event.seq)
             if audit_entries:
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
         return True
@@ -664,6 +677,7 @@ class Store(ReviewStoreMixin):
                 events.insert(),
                 [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for e in batch],
             )
+            await self._announce(conn, run_id, batch[-1].seq)
 
     async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with ``seq > after_seq``, in order."""
@@ -681,6 +695,78 @@ class Store(ReviewStoreMixin):
         async with self._reading() as conn:
             value = (await conn.execute(sa.select(sa.func.max(events.c.seq)).where(events.c.run_id == run_id))).scalar()
         return int(value or 0)
+
+    # -- cross-process signals (PostgreSQL; nothing to do on single-process SQLite) ---------
+
+    async def _announce(self, conn: AsyncConnection, run_id: str, seq: int) -> None:
+        """Tell other processes, on commit, that ``run_id`` has events up to ``seq``."""
+        if not self.is_sqlite:
+            payload = f"{self.instance_id} {run_id} {seq}"
+            await conn.execute(sa.select(sa.func.pg_notify("tether_events", payload)))
+
+    async def send_control(self, message: dict[str, Any]) -> None:
+        """Send a small command to every other process (e.g. cancel a run it executes)."""
+        if self.is_sqlite:
+            return
+        payload = json.dumps({**message, "origin": self.instance_id})
+        async with self._writing() as conn:
+            await conn.execute(sa.select(sa.func.pg_notify("tether_control", payload)))
+
+    # -- leases: which process executes a run --------------------------------------------
+
+    def _lease_values(self) -> dict[str, Any]:
+        return {"executor_id": self.instance_id, "lease_expires_at": utcnow() + timedelta(seconds=self.lease_s)}
+
+    async def renew_leases(self, run_ids: Sequence[str]) -> None:
+        """Extend this process's claim on the runs it executes."""
+        if run_ids:
+            async with self._writing() as conn:
+                await conn.execute(
+                    runs.update()
+                    .where(runs.c.id.in_(list(run_ids)), runs.c.executor_id == self.instance_id)
+                    .values(lease_expires_at=utcnow() + timedelta(seconds=self.lease_s))
+                )
+
+    async def claim_abandoned(self, *, limit: int = 20) -> list[RunRecord]:
+        """Claim runs that need an executor and whose claim has lapsed (the process that
+        executed them died). Each is claimed by one conditional write: exactly one process
+        wins it."""
+        now = utcnow()
+        query = (
+            runs.select()
+            .where(
+                runs.c.status.in_(("queued", "running", "cancelling")),
+                sa.or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at < now),
+            )
+            .limit(limit)
+        )
+        async with self._reading() as conn:
+            candidates = (await conn.execute(query)).all()
+        claimed: list[RunRecord] = []
+        for row in candidates:
+            async with self._writing() as conn:
+                result = await conn.execute(
+                    runs.update()
+                    .where(
+                        runs.c.id == row.id,
+                        runs.c.status.in_(("queued", "running", "cancelling")),
+                        sa.or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at < now),
+                    )
+                    .values(**self._lease_values())
+                )
+                if result.rowcount == 1:
+                    fresh = (await conn.execute(runs.select().where(runs.c.id == row.id))).first()
+                    claimed.append(run_record(fresh))
+        return claimed
+
+    async def claim_all_active(self) -> list[RunRecord]:
+        """Single-process start-up (SQLite): every run that needs an executor is ours."""
+        async with self._writing() as conn:
+            await conn.execute(
+                runs.update().where(runs.c.status.in_(("queued", "running", "cancelling"))).values(**self._lease_values())
+            )
+            rows = (await conn.execute(runs.select().where(runs.c.status.in_(("queued", "running", "cancelling"))))).all()
+        return [run_record(r) for r in rows]
 
     # -- for agents' own tables ------------------------------------------------------------
 

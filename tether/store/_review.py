@@ -136,6 +136,8 @@ class ReviewStoreMixin:
 
     _writing: Callable[..., Any]
     _reading: Callable[..., Any]
+    _announce: Callable[..., Any]
+    _lease_values: Callable[[], dict[str, Any]]
 
     async def open_interrupt(self, record: InterruptRecord, event: StoredEvent) -> bool:
         """Park a run: ``running → waiting_human``, insert the interrupt and its event, atomically.
@@ -143,8 +145,11 @@ class ReviewStoreMixin:
         False (nothing written) if the run was no longer ``running`` (a cancel came first).
         """
         async with self._writing() as conn:
+            # A waiting run belongs to no process: whoever resolves the interrupt executes it.
             result = await conn.execute(
-                runs.update().where(runs.c.id == record.run_id, runs.c.status == "running").values(status="waiting_human")
+                runs.update()
+                .where(runs.c.id == record.run_id, runs.c.status == "running")
+                .values(status="waiting_human", executor_id=None, lease_expires_at=None)
             )
             if result.rowcount != 1:
                 return False
@@ -157,6 +162,7 @@ class ReviewStoreMixin:
                 )
             )
             await conn.execute(events.insert().values(run_id=record.run_id, seq=event.seq, type=event.type, envelope=event.envelope))
+            await self._announce(conn, record.run_id, event.seq)
         return True
 
     async def get_interrupt(self, interrupt_id: str) -> InterruptRecord:
@@ -239,13 +245,16 @@ class ReviewStoreMixin:
             if result.rowcount != 1:
                 raise InterruptResolved(f"interrupt {interrupt_id!r} was resolved by someone else")
             result = await conn.execute(
-                runs.update().where(runs.c.id == current.run_id, runs.c.status == "waiting_human").values(status="running")
+                runs.update()
+                .where(runs.c.id == current.run_id, runs.c.status == "waiting_human")
+                .values(status="running", **self._lease_values())  # the resolver executes it
             )
             if result.rowcount != 1:
                 # The run was cancelled meanwhile: raising rolls the whole transaction back.
                 raise InterruptResolved(f"run {current.run_id!r} is no longer waiting for this interrupt")
             event = make_event(current.run_id, await _next_seq(conn, current.run_id))
             await conn.execute(events.insert().values(run_id=current.run_id, seq=event.seq, type=event.type, envelope=event.envelope))
+            await self._announce(conn, current.run_id, event.seq)
             if audit_entries:
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
             run_row = (await conn.execute(runs.select().where(runs.c.id == current.run_id))).first()

@@ -7,13 +7,42 @@ process that shares it.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from typing import Any
+
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
 
 metadata = sa.MetaData()
 
-JSONType = sa.JSON().with_variant(JSONB(), "postgresql")
-Timestamp = sa.DateTime(timezone=True)
+#: ``json``, not ``jsonb``, on PostgreSQL: jsonb reorders keys and rewrites numbers (``1e300``
+#: comes back as an int), so values would not round-trip as they do on SQLite. Nothing queries
+#: inside these columns, so jsonb buys nothing here (migration 0004).
+JSONType = sa.JSON()
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """A timezone-aware timestamp stored as UTC and read back as aware UTC on every backend.
+
+    SQLite keeps no offset: a ``+02:00`` datetime would be stored as its wall time and come back
+    two hours off (and compare wrongly in ``WHERE expires_at <= :now``). Converting at the bind
+    makes both backends store and compare the same instant. Naive datetimes are taken as UTC.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+Timestamp = UTCDateTime()
 
 #: Run statuses that are not terminal: at most one run per thread may be in one of these.
 ACTIVE_RUN_STATUSES = ("queued", "running", "waiting_human", "cancelling")
@@ -67,7 +96,12 @@ runs = sa.Table(
     sa.Column("cancel_mode", sa.String(8), nullable=True),
     sa.Column("cancel_reason", sa.Text, nullable=True),
     sa.Column("cancel_actor", sa.String(200), nullable=True),
+    # The process executing the run and until when its claim holds (renewed while it runs);
+    # a lapsed claim lets another process take the run over.
+    sa.Column("executor_id", sa.String(64), nullable=True),
+    sa.Column("lease_expires_at", Timestamp, nullable=True),
     sa.Index("ix_runs_thread", "thread_id", "created_at"),
+    sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
     sa.Index(
         "uq_runs_one_active_per_thread",
         "thread_id",

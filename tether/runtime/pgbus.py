@@ -1,0 +1,111 @@
+"""Cross-process fan-out and control through PostgreSQL ``LISTEN``/``NOTIFY``.
+
+With several server processes on one PostgreSQL, a run executes in one process while its
+followers may be connected to any other. Every transaction that appends events also sends
+``NOTIFY tether_events, '<origin> <run_id> <seq>'``; PostgreSQL delivers it on commit, so a
+notification never announces an event that is not durable. Each process listens on one
+dedicated connection and, for runs it has followers of, marks their subscriptions *stale*:
+they catch up from the store (the same gapless path as any reconnect). Its own notifications
+it ignores: local followers already got those events directly.
+
+``tether_control`` carries small JSON commands to the process executing a run (a cancel sent to
+another process). Notifications are not stored: a listener that reconnects marks every
+follower stale, so nothing is missed, and a control message that finds no listener is covered
+by the executor's own periodic check of the run's status in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Callable
+
+import asyncpg
+
+from .bus import LocalBus
+
+__all__ = ["PostgresBus", "EVENTS_CHANNEL", "CONTROL_CHANNEL"]
+
+log = logging.getLogger("tether.runtime")
+
+EVENTS_CHANNEL = "tether_events"
+CONTROL_CHANNEL = "tether_control"
+
+
+class PostgresBus(LocalBus):
+    """A :class:`LocalBus` that also hears what other processes commit and command."""
+
+    def __init__(self, dsn: str, origin: str, *, max_pending: int = 50_000) -> None:
+        super().__init__(max_pending=max_pending)
+        self._dsn = dsn
+        self.origin = origin
+        #: Called with each control message from another process.
+        self.on_control: Callable[[dict[str, Any]], None] | None = None
+        self._conn: asyncpg.Connection | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+
+    async def start(self) -> None:
+        """Connect and listen (then keep the connection up in an owned task)."""
+        await self._connect()
+        self._supervisor = asyncio.create_task(self._supervise(), name="pgbus-supervisor")
+
+    async def wait_for_connection(self) -> None:
+        """Wait until the listening connection is up."""
+        await self._connected.wait()
+
+    async def _connect(self) -> None:
+        conn = await asyncpg.connect(self._dsn)
+        await conn.add_listener(EVENTS_CHANNEL, self._on_events)
+        await conn.add_listener(CONTROL_CHANNEL, self._on_control)
+        self._conn = conn
+        self._connected.set()
+
+    async def _supervise(self) -> None:
+        backoff = 0.1
+        while True:
+            await asyncio.sleep(0.5)
+            if self._conn is not None and not self._conn.is_closed():
+                backoff = 0.1
+                continue
+            self._connected.clear()
+            try:
+                await self._connect()
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("LISTEN connection lost, retrying in %.1fs: %r", backoff, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            # Notifications sent while we were away are gone: every follower catches up.
+            for followers in list(self._subscribers.values()):
+                for subscription in followers:
+                    subscription.mark_stale()
+
+    def _on_events(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        origin, _, rest = payload.partition(" ")
+        if origin == self.origin:
+            return
+        run_id = rest.partition(" ")[0]
+        for subscription in list(self._subscribers.get(run_id, ())):
+            subscription.mark_stale()
+
+    def _on_control(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            return
+        if message.get("origin") != self.origin and self.on_control is not None:
+            self.on_control(message)
+
+    async def aclose(self) -> None:
+        """Stop listening."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            try:
+                await self._supervisor
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise  # we are being cancelled ourselves, not just our supervisor
+        if self._conn is not None and not self._conn.is_closed():
+            await self._conn.close()
