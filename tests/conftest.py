@@ -67,9 +67,50 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'tether.db'}"
 
 
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return sqlite_url(tmp_path)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database on each backend: every test using it (and ``server``) runs twice."""
+    if request.param == "sqlite":
+        yield sqlite_url(tmp_path)
+        return
+    with _sync_postgres_url() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _sync_postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for synchronous fixtures (like :func:`postgres_url_for_test`)."""
+    import asyncio
+
+    name = f"tether_t_{os.urandom(6).hex()}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=10)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    def run(sql: str) -> None:  # in a thread: the caller may be inside a running event loop
+        errors: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                asyncio.run(admin(sql))
+            except BaseException as exc:  # re-raised in the caller's thread
+                errors.append(exc)
+
+        worker = threading.Thread(target=target)
+        worker.start()
+        worker.join()
+        if errors:
+            raise errors[0]
+
+    run(f'CREATE DATABASE "{name}"')
+    try:
+        yield sa.engine.make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 #: The PostgreSQL server tests create their databases on (CI starts one; trust auth).
