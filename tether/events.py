@@ -134,6 +134,9 @@ class Status(Event):
     type: ClassVar[str] = "status"
     stage: str
     detail: str | None = None
+    #: With ``stage: "recovering"``: the partial message of the half-finished step, which
+    #: clients drop (the step is done again from the last checkpoint).
+    discard_message_id: str | None = None
 
 
 class Done(Event):

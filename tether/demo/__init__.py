@@ -133,6 +133,17 @@ def build_demo_agent(model: Model | None = None) -> Agent:
         await shop.record(ctx, "charge_card", {"card_number": mask_value(card_number), "amount": amount})
         return {"charged": amount, "card": mask_value(card_number)}
 
+    @tool(risk="destructive", describe="Purge the cache (takes {seconds} s)")
+    async def purge_cache(seconds: Annotated[float, Field(ge=0, le=3600)], ctx: ToolContext) -> dict[str, Any]:
+        """Purge the shop's cache: slow and irreversible; its effect is recorded only when done.
+
+        The tool that shows what a crash in the middle of a destructive call does: nobody can
+        know whether it had its effect, so it is never run again without a human.
+        """
+        await asyncio.sleep(seconds)
+        await shop.record(ctx, "purge_cache", {"seconds": seconds})
+        return {"purged": True}
+
     @tool(allowed_decisions=("respond",), describe="Question for you: {question}")
     async def ask_user(question: str) -> dict[str, Any]:
         """Ask the user a question; the human's answer is the result."""
@@ -149,7 +160,7 @@ def build_demo_agent(model: Model | None = None) -> Agent:
 
     return Agent(
         model or ScriptedModel(),
-        [get_order, sleep, write_note, refund, send_email, charge_card, ask_user],
+        [get_order, sleep, write_note, refund, send_email, charge_card, purge_cache, ask_user],
         system_prompt="You are the assistant of a small online shop. Use the tools to help customers.",
         name="demo",
         on_startup=shop.open,

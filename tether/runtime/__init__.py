@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from .._ids import utcnow
 from ..agent import Agent
 from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
-from ..events import Cancelled, Envelope, Event, Resumed, RunError, format_ts
+from ..events import Cancelled, Envelope, Event, Resumed, format_ts
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, args_digest, run_record
 from .bus import LocalBus, Subscription
 from .config import RunConfig
@@ -73,12 +73,12 @@ class Runtime:
 
     # -- runs ------------------------------------------------------------------------------
 
-    def launch(self, run: RunRecord, *, resume: InterruptRecord | None = None) -> None:
+    def launch(self, run: RunRecord, *, resume: InterruptRecord | None = None, takeover: bool = False) -> None:
         """Execute a run (queued, or resumed after ``resume``) in a task owned by the runtime."""
         existing = self._executors.get(run.id)
         if self._closing or (existing is not None and not existing.parked):
             return
-        executor = RunExecutor(self.store, self.bus, self.agent, run, resume=resume)
+        executor = RunExecutor(self.store, self.bus, self.agent, run, resume=resume, takeover=takeover)
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
         self._spawn(self._drive(executor), f"run-{run.id}")
 
@@ -302,72 +302,10 @@ class Runtime:
         await self._recover_runs(claimed)
 
     async def _recover_runs(self, claimed: list[RunRecord]) -> None:
-        """Finish runs claimed from a dead process: ``running`` → failed (``server_restarted``),
-        ``cancelling`` → cancelled, ``queued`` → executed now. ``waiting_human`` runs need
-        nothing: they live in the store only."""
+        """Take over runs claimed from a dead process: ``queued`` ones start; ``running`` and
+        ``cancelling`` ones continue from their last checkpoint (a cancelling one straight to
+        its ``cancelled`` end). ``waiting_human`` runs need nothing: they live in the store."""
         for run in claimed:
-            if run.status == "queued":
-                self.launch(run)
-                continue
-            await self._settle_partial_messages(run)
-            await self._settle_unanswered_calls(run)
-            if run.status == "cancelling":
-                await self._cancel_without_executor(run)
-            else:
-                seq = await self.store.last_seq(run.id) + 1
-                error = RunError(code="server_restarted", message="the server stopped while this run was executing", retryable=True)
-                await self._write_final(run.id, _stored(run.id, seq, error), "failed", ("running",), {"code": error.code, "message": error.message})
-            log.info("recovered run %s (was %s)", run.id, run.status)
+            self.launch(run, takeover=run.status != "queued")
+            log.info("took over run %s (was %s)", run.id, run.status)
 
-    async def _settle_unanswered_calls(self, run: RunRecord) -> None:
-        """Give each tool call a dead process left without a result the ``unknown`` result.
-
-        The call may or may not have had its effect, so it is never re-run on its own (DESIGN
-        §9); and the stored history answers every call, or the next model request is invalid.
-        Idempotent: a crash during recovery leaves nothing to redo twice.
-        """
-        calls: dict[str, str] = {}
-        answered: set[str] = set()
-        after = 0
-        while page := await self.store.read_events(run.id, after_seq=after, limit=5000):
-            after = page[-1].seq
-            for stored in page:
-                if stored.type in ("tool_call", "tool_result"):
-                    data = Envelope.from_json(stored.envelope).data
-                    if stored.type == "tool_call":
-                        calls[data["call_id"]] = data["name"]
-                    else:
-                        answered.add(data["call_id"])
-        reason = "the server stopped while this tool call was executing; its outcome is unknown"
-        items = [{"id": c, "name": n, "status": "unknown", "reason": reason} for c, n in calls.items() if c not in answered]
-        if not items:
-            return
-        batch = [_stored(run.id, after + 1 + i, tool_result_event(item)) for i, item in enumerate(items)]
-        await self.store.append_events(run.id, batch)
-        self.bus.publish(run.id, batch)
-        messages = await self.store.thread_messages(run.thread_id)
-        answered_in_history = {m.tool_call_id for m in messages if m.run_id == run.id and m.role == "tool"}
-        parent = (await self.store.get_thread(run.thread_id)).active_leaf_id
-        for item in items:
-            if item["id"] not in answered_in_history:
-                message = tool_message(item, thread_id=run.thread_id, run_id=run.id, parent_id=parent)
-                await self.store.add_message(message)
-                parent = message.id
-
-    async def _settle_partial_messages(self, run: RunRecord) -> None:
-        """Give a dead run's half-written assistant messages their streamed text, flagged."""
-        texts: dict[str, list[str]] = {}
-        after = 0
-        while True:
-            page = await self.store.read_events(run.id, after_seq=after, limit=5000)
-            if not page:
-                break
-            after = page[-1].seq
-            for stored in page:
-                if stored.type == "token":
-                    data = Envelope.from_json(stored.envelope).data
-                    texts.setdefault(data["message_id"], []).append(data["text"])
-        for message in await self.store.thread_messages(run.thread_id):
-            if message.run_id == run.id and message.status == "partial":
-                status = "cancelled" if run.status == "cancelling" else "failed"
-                await self.store.update_message(message.id, content="".join(texts.get(message.id, [])), status=status)

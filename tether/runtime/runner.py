@@ -99,11 +99,15 @@ def tool_message(item: dict[str, Any], *, thread_id: str, run_id: str, parent_id
 class RunExecutor:
     """Executes one run from its current state to a terminal event or a human pause."""
 
-    def __init__(self, store: Store, bus: Any, agent: Agent, run: RunRecord, *, resume: InterruptRecord | None = None) -> None:
+    def __init__(
+        self, store: Store, bus: Any, agent: Agent, run: RunRecord, *, resume: InterruptRecord | None = None, takeover: bool = False
+    ) -> None:
         self.store = store
         self.agent = agent
         self.run = run
         self.resume = resume
+        #: True when continuing a run whose process died (from its last checkpoint).
+        self.takeover = takeover
         self.config = RunConfig.model_validate(run.config)
         self._bus = bus
         self.log: EventLog = None  # type: ignore[assignment]  # created by execute()
@@ -113,6 +117,8 @@ class RunExecutor:
         self._tools_scope: anyio.CancelScope | None = None
         self._partial_message_id: str | None = None
         self._leaf_id: str | None = run.input_message_id
+        if takeover and run.status == "cancelling":  # the dead process was already stopping it
+            self.cancel_mode = run.cancel_mode or "soft"
         #: Corrections sent into the run, announced but not yet in the history.
         self._steering: list[tuple[str, str]] = []
         #: False once the run is about to end: a correction then gets 409 instead of being lost.
@@ -161,15 +167,20 @@ class RunExecutor:
             log_.emit(UserMessage(message_id=message_id, content=content))
         self.log = log_
         try:
-            if self.resume is None:
+            if self.resume is None and not self.takeover:
                 if not await self.store.mark_running(self.run.id):
                     current = await self.store.get_run(self.run.id)
                     if current.status != "cancelling":
                         return  # someone else owns it, or it is terminal
                     self.cancel_mode = current.cancel_mode or "soft"
                 history = to_chat_messages(await self.store.path_to(self.run.thread_id, self.run.input_message_id))
-            else:
+            elif self.resume is not None:
                 history = await self._apply_review(self.resume)
+            if self.takeover:
+                recovered = await self._recover_checkpoint()
+                if recovered is WAITING:
+                    return
+                history = recovered  # type: ignore[assignment]
             outcome = await self._loop(history)
             if outcome is not WAITING:
                 await self._finish(outcome)  # type: ignore[arg-type]
@@ -350,6 +361,10 @@ class RunExecutor:
         expires = now + timedelta(seconds=ttl)
         interrupt_id = new_id("int")
         requests = [action_request(t, i["id"], i["args"]) for t, i in zip(tools, gated)]
+        for request, item in zip(requests, gated):
+            if item.get("outcome_unknown"):
+                request["outcome_unknown"] = True
+                request["description"] = "Outcome unknown — the server stopped while this ran. Run it again? " + request["description"]
         configs = [review_config(t) for t in tools]
         await self.log.wait_for_idle()
         event = self.log.seal(Interrupt(interrupt_id=interrupt_id, action_requests=requests, review_configs=configs, expires_at=format_ts(expires)))
@@ -395,7 +410,10 @@ class RunExecutor:
                     item["args"] = decision["args"]
                 to_run.append(item)
                 continue
-            if kind == "reject":
+            if item.get("outcome_unknown") and kind in ("reject", "expired"):
+                # Not run again; whether its first run had an effect stays unknown.
+                item.update(status="unknown", reason=decision.get("reason") or "outcome unknown after a crash; not run again")
+            elif kind == "reject":
                 item.update(status="rejected", reason=decision.get("reason") or "rejected by reviewer")
             elif kind == "respond":
                 item.update(status="responded", result=decision["message"])
@@ -406,6 +424,104 @@ class RunExecutor:
         await self._settle(items)
         self._steering = [tuple(m) for m in interrupt.turn.get("steering", [])]  # type: ignore[misc]
         return to_chat_messages(await self.store.path_to(self.run.thread_id, self._leaf_id))
+
+    # -- takeover ----------------------------------------------------------------------------
+
+    async def _recover_checkpoint(self) -> list[ChatMessage] | object:
+        """Continue a run whose process died, from its last checkpoint (DESIGN §9).
+
+        Checkpoints are the step boundaries the store already has: complete messages and
+        announced tool results. The half-finished model turn is dropped (kept as a ``failed``
+        sibling, off the active path) and announced with a ``status: recovering`` event naming
+        it, so clients discard its tokens. Tool calls of the last turn that have no result:
+        read-only ones run again; any other one may have had its effect, so it is never re-run
+        on its own: it goes back to a human as a new interrupt marked ``outcome_unknown``.
+        """
+        tokens, results = await self._scan_log()
+        thread = await self.store.get_thread(self.run.thread_id)
+        path = await self.store.path_to(self.run.thread_id, thread.active_leaf_id)
+        discarded: str | None = None
+        if path and path[-1].role == "assistant" and path[-1].status == "partial" and path[-1].run_id == self.run.id:
+            half = path[-1]
+            text = "".join(tokens.get(half.id, []))
+            if self.cancel_mode:  # the run ends here: its partial answer stays, flagged
+                await self.store.update_message(half.id, content=text, status="cancelled")
+                self._partial_message_id = half.id
+            else:
+                path.pop()
+                await self.store.update_message(half.id, content=text, status="failed")
+                await self.store.move_active_leaf(self.run.thread_id, path[-1].id if path else None)
+                discarded = half.id
+        self.log.emit(
+            Status(stage="recovering", detail="continuing from the last checkpoint after the server stopped", discard_message_id=discarded)
+        )
+        self._leaf_id = path[-1].id if path else None
+        turn = next(
+            (i for i in range(len(path) - 1, -1, -1) if path[i].role == "assistant" and path[i].tool_calls and path[i].run_id == self.run.id),
+            None,
+        )
+        if turn is not None:
+            answered = {m.tool_call_id for m in path[turn + 1 :] if m.role == "tool"}
+            missing = [c for c in path[turn].tool_calls or () if c["id"] not in answered]
+            if missing:
+                parked = await self._recover_calls(missing, results)
+                if parked:
+                    return WAITING
+        return to_chat_messages(await self.store.path_to(self.run.thread_id, self._leaf_id))
+
+    async def _recover_calls(self, missing: list[dict[str, Any]], results: dict[str, dict[str, Any]]) -> bool:
+        """Settle the calls a dead process left without a stored result; True if parked."""
+        latest = await self.store.latest_interrupt(self.run.id)
+        known = {c["id"]: c for c in (latest.turn["calls"] if latest is not None else [])}
+        items: list[dict[str, Any]] = []
+        to_run: list[dict[str, Any]] = []
+        to_review: list[dict[str, Any]] = []
+        for call in missing:
+            tool = self.agent.tools.get(call["name"])
+            real = known.get(call["id"])
+            item: dict[str, Any] = {"id": call["id"], "name": call["name"], "args": real["args"] if real else call["args"], "gated": False, "status": None}
+            items.append(item)
+            decision = (real or {}).get("decision") or {}
+            args_known = real is not None or (tool is not None and not tool.sensitive_args)
+            if call["id"] in results:  # finished and announced before the crash
+                data = results[call["id"]]
+                item.update(status=data["status"], result=data.get("result"), error=data.get("error"), reason=data.get("reason"))
+            elif tool is None:
+                item.update(status="error", error=f"unknown tool {call['name']!r}")
+                self.log.emit(tool_result_event(item))
+            elif decision.get("decision") in ("reject", "respond", "expired"):  # decided, never run
+                status = {"reject": "rejected", "respond": "responded", "expired": "expired"}[decision["decision"]]
+                item.update(status=status, result=decision.get("message"), reason=decision.get("reason"))
+                self.log.emit(tool_result_event(item))
+            elif tool.risk == "read_only" and args_known:
+                to_run.append(item)
+            elif args_known:
+                item.update(gated=True, outcome_unknown=True)
+                to_review.append(item)
+            else:  # its real arguments were never stored (sensitive, ungated): cannot be re-run
+                item.update(status="unknown", reason="the server stopped while this ran; its outcome is unknown")
+                self.log.emit(tool_result_event(item))
+        await self._execute(to_run, audited=False)
+        if to_review and not self.cancel_mode and await self._park(items, to_review):
+            return True
+        await self._settle(items)
+        return False
+
+    async def _scan_log(self) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
+        """Token texts per message and tool results per call, from the run's stored events."""
+        tokens: dict[str, list[str]] = {}
+        results: dict[str, dict[str, Any]] = {}
+        after = 0
+        while page := await self.store.read_events(self.run.id, after_seq=after, limit=5000):
+            after = page[-1].seq
+            for stored in page:
+                if stored.type == "token":
+                    data = json.loads(stored.envelope)["data"]
+                    tokens.setdefault(data["message_id"], []).append(data["text"])
+                elif stored.type == "tool_result":
+                    data = json.loads(stored.envelope)["data"]
+                    results[data["call_id"]] = data
+        return tokens, results
 
     # -- the end -----------------------------------------------------------------------------
 

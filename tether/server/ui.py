@@ -3,7 +3,7 @@
 The page is a plain HTML shell; ``static/app.js`` (an ES module, no build step) drives it with
 ``static/tether-client.js``, the browser client any other front end can use on its own. Static
 URLs carry a digest of the files so a new version is never served from a stale cache; the
-import map does the same for the module ``app.js`` imports.
+import map does the same for the modules ``app.js`` imports.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ def _asset(name: str) -> str:
 
 def render_index() -> str:
     """The HTML of the page at ``/``."""
-    import_map = json.dumps({"imports": {"/static/tether-client.js": _asset("tether-client.js")}})
+    # Modules import each other by plain relative URLs; the import map adds the version.
+    modules = sorted(path.name for path in STATIC_DIR.glob("*.js"))
+    import_map = json.dumps({"imports": {f"/static/{name}": _asset(name) for name in modules}})
     return f"""<!doctype html>
 <html lang="en">
 <head>

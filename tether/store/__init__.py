@@ -409,6 +409,11 @@ class Store(ReviewStoreMixin):
             )
         return message
 
+    async def move_active_leaf(self, thread_id: str, message_id: str | None) -> None:
+        """Point the thread at ``message_id`` (recovery only: no busy check)."""
+        async with self._writing() as conn:
+            await conn.execute(threads.update().where(threads.c.id == thread_id).values(active_leaf_id=message_id, updated_at=utcnow()))
+
     async def update_message(
         self,
         message_id: str,

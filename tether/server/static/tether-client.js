@@ -259,7 +259,8 @@ export async function* parseSSE(body, onActivity = () => {}) {
       }
     }
   } finally {
-    reader.releaseLock();
+    // Leaving early (terminal event, abort, error) closes the connection too.
+    reader.cancel().catch(() => {});
   }
 }
 

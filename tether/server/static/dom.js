@@ -1,0 +1,89 @@
+// @ts-nocheck
+/**
+ * dom.js — the small DOM toolkit of the web UI: element builder, formatting, and batched text
+ * writes (streamed tokens reach the DOM at most once per animation frame).
+ */
+
+/** Create an element: h('div', {class: 'x', onclick: fn, dataset: {a: 1}}, child, 'text'). */
+export function h(tag, props, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value == null || value === false) continue;
+    if (key === 'class') el.className = value;
+    else if (key === 'text') el.textContent = value;
+    else if (key === 'dataset') for (const [k, v] of Object.entries(value)) { if (v != null) el.dataset[k] = String(v); }
+    else if (key.startsWith('on') && typeof value === 'function') el.addEventListener(key.slice(2), value);
+    else if (value === true) el.setAttribute(key, '');
+    else el.setAttribute(key, String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child == null || child === false) continue;
+    el.append(child instanceof Node ? child : String(child));
+  }
+  return el;
+}
+
+/** A keyboard-operable button (a real <button type=button>). */
+export function button(label, onClick, cls = 'btn', props = {}) {
+  return h('button', { type: 'button', class: cls, onclick: onClick, ...props }, label);
+}
+
+export function pretty(value) {
+  if (typeof value === 'string') return value;
+  try {
+    return JSON.stringify(value, null, 2);
+  } catch (_) {
+    return String(value);
+  }
+}
+
+export function spinner() {
+  return h('span', { class: 'spinner', 'aria-hidden': 'true' });
+}
+
+export function clock(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+}
+
+export function duration(seconds) {
+  const s = Math.max(0, Math.ceil(seconds));
+  return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, '0')}`;
+}
+
+export function waitedText(seconds) {
+  return seconds < 60 ? `waiting for ${Math.max(0, Math.floor(seconds))} s` : `waiting for ${Math.floor(seconds / 60)} min`;
+}
+
+/** Keep the chat pinned to the bottom while it grows, unless the reader scrolled up. */
+export function keepScroll(mutate) {
+  const chat = document.getElementById('chat');
+  if (!chat) {
+    mutate();
+    return;
+  }
+  const pinned = chat.scrollHeight - chat.scrollTop - chat.clientHeight < 80;
+  mutate();
+  if (pinned) chat.scrollTop = chat.scrollHeight;
+}
+// -- token batching: at most one DOM write per animation frame ----------------------------------
+
+const pendingText = new Map(); // Text node → string to append
+let frameRequested = false;
+
+export function queueText(node, text) {
+  pendingText.set(node, (pendingText.get(node) || '') + text);
+  if (frameRequested) return;
+  frameRequested = true;
+  // rAF does not fire in a hidden tab; a timer keeps the text (and memory) moving there.
+  if (document.hidden) setTimeout(flushText, 100);
+  else requestAnimationFrame(flushText);
+}
+
+export function flushText() {
+  frameRequested = false;
+  if (!pendingText.size) return;
+  keepScroll(() => {
+    for (const [node, text] of pendingText) node.appendData(text);
+    pendingText.clear();
+  });
+}

@@ -1,0 +1,247 @@
+// @ts-nocheck
+/**
+ * transcript.js — how stored messages and streamed parts look: user bubbles, assistant
+ * messages (text, folded reasoning, status badge), tool cards, branch switchers, and the
+ * inline editor. `renderMessages` renders a thread's active path from stored messages.
+ */
+
+import { button, h, pretty, spinner } from './dom.js';
+
+const TOOL_STATE_LABELS = {
+  running: 'running…',
+  waiting: 'needs approval',
+  ok: 'done',
+  error: 'error',
+  rejected: 'rejected',
+  expired: 'expired',
+  responded: 'answered',
+  cancelled: 'cancelled',
+  unknown: 'outcome unknown',
+  unfinished: 'not finished',
+};
+
+export class ToolCard {
+  constructor({ callId, name, args, risk, gated }) {
+    this.callId = callId;
+    this.stateEl = h('span', { class: 'tool-state' });
+    this.resultLabel = h('div', { class: 'label', hidden: true, text: 'Result' });
+    this.resultEl = h('pre', { class: 'result', hidden: true });
+    // A gated call's arguments are on its approval card: no need to show them twice.
+    this.el = h('details', { class: 'tool-card', open: !gated, dataset: { callId, tool: name } },
+      h('summary', {},
+        h('span', { class: 'tool-icon', 'aria-hidden': 'true' }, '⚙'),
+        h('span', { class: 'tool-name', text: name }),
+        risk && risk !== 'read_only' ? h('span', { class: `risk risk-${risk}`, text: risk }) : null,
+        this.stateEl),
+      h('div', { class: 'tool-body' },
+        h('div', { class: 'label', text: 'Arguments' }),
+        h('pre', { class: 'args', text: pretty(args) }),
+        this.resultLabel, this.resultEl));
+    this.setState(gated ? 'waiting' : 'running');
+  }
+
+  setState(state) {
+    this.state = state;
+    this.el.dataset.status = state;
+    const busy = state === 'running';
+    this.stateEl.replaceChildren(busy ? spinner() : '', TOOL_STATE_LABELS[state] || state);
+  }
+
+  /** A `tool_result` event's data, or the outcome parsed from a stored tool message. */
+  setResult({ status, result, error, reason }) {
+    this.setState(status);
+    this.el.open = true;
+    let text;
+    if (status === 'ok') text = pretty(result);
+    else if (status === 'responded') text = pretty(result);
+    else text = error || reason || (result != null ? pretty(result) : '');
+    if (text) {
+      this.resultLabel.hidden = false;
+      this.resultLabel.textContent = status === 'ok' ? 'Result' : status === 'responded' ? 'Answer' : 'Why';
+      this.resultEl.hidden = false;
+      this.resultEl.textContent = text;
+    }
+  }
+}
+
+/** The outcome of a stored tool message (content: result JSON, reviewer text, or {status, error|reason}). */
+export function toolOutcome(message) {
+  let value;
+  try {
+    value = JSON.parse(message.content);
+  } catch (_) {
+    return { status: message.status === 'cancelled' ? 'cancelled' : 'responded', result: message.content };
+  }
+  const failure = ['error', 'rejected', 'expired', 'cancelled', 'unknown'];
+  if (value && typeof value === 'object' && !Array.isArray(value) && failure.includes(value.status)
+      && Object.keys(value).every((k) => ['status', 'error', 'reason'].includes(k))) {
+    return { status: value.status, error: value.error, reason: value.reason };
+  }
+  return { status: message.status === 'cancelled' ? 'cancelled' : 'ok', result: value };
+}
+
+// -- messages --------------------------------------------------------------------------------
+
+const MESSAGE_BADGES = { cancelled: 'stopped', failed: 'failed', partial: 'incomplete' };
+
+export function userBubble(text, { id = null, correction = false } = {}) {
+  return h('article', { class: `msg user${correction ? ' correction' : ''}`, dataset: { id, role: 'user' } },
+    h('div', { class: 'who', text: correction ? 'You (correction)' : 'You' }),
+    h('div', { class: 'text', text }));
+}
+
+/** The part of an assistant message being streamed (text, thinking, tool cards). */
+export class AssistantBlock {
+  constructor(messageId) {
+    this.messageId = messageId;
+    this.textNode = document.createTextNode('');
+    this.textEl = h('div', { class: 'text' }, this.textNode);
+    this.cardsEl = h('div', { class: 'cards' });
+    this.badgeEl = h('div', { class: 'meta' });
+    this.el = h('article', { class: 'msg assistant', dataset: { id: messageId, role: 'assistant', status: 'streaming' } },
+      h('div', { class: 'who', text: 'Agent' }), this.textEl, this.cardsEl, this.badgeEl);
+  }
+
+  setId(id) {
+    this.messageId = id;
+    this.el.dataset.id = id;
+  }
+
+  thinkingNode() {
+    if (!this.thinking) {
+      this.thinking = document.createTextNode('');
+      this.thinkingEl = h('details', { class: 'thinking', open: true },
+        h('summary', { text: 'Thinking' }), h('div', { class: 'thinking-text' }, this.thinking));
+      this.el.insertBefore(this.thinkingEl, this.textEl);
+    }
+    return this.thinking;
+  }
+
+  /** The answer began: fold the reasoning away (once; the reader may open it again). */
+  answerStarted() {
+    if (this.answering) return;
+    this.answering = true;
+    if (this.thinkingEl) this.thinkingEl.open = false;
+  }
+
+  finish(status) {
+    this.el.dataset.status = status;
+    if (this.thinkingEl) this.thinkingEl.open = false;
+    const badge = MESSAGE_BADGES[status];
+    this.badgeEl.replaceChildren(badge ? h('span', { class: `badge badge-${status}`, text: badge }) : '');
+  }
+}
+
+function branchSwitcher(message, busy, switchBranch) {
+  const ids = message.sibling_ids || [];
+  if (ids.length < 2) return null;
+  const index = message.sibling_index;
+  const go = (delta) => switchBranch(ids[index + delta]);
+  return h('span', { class: 'branch', role: 'group', 'aria-label': 'Versions' },
+    button('‹', () => go(-1), 'btn tiny prev', { 'aria-label': 'Previous version', disabled: busy || index === 0 }),
+    h('span', { class: 'pos', text: `${index + 1}/${ids.length}` }),
+    button('›', () => go(1), 'btn tiny next', { 'aria-label': 'Next version', disabled: busy || index >= ids.length - 1 }));
+}
+
+/** An inline editor replacing a message's text; `onSave(text)` returns a promise. */
+function inlineEditor(article, initial, saveLabel, onSave) {
+  const textEl = article.querySelector('.text');
+  const actions = article.querySelector('.actions');
+  const area = h('textarea', { class: 'msg-editor', rows: Math.min(10, initial.split('\n').length + 1), 'aria-label': 'Edit message' });
+  area.value = initial;
+  const errorEl = h('div', { class: 'field-errors', role: 'alert', hidden: true });
+  const close = () => {
+    editor.remove();
+    textEl.hidden = false;
+    if (actions) actions.hidden = false;
+  };
+  const save = async () => {
+    const text = area.value.trim();
+    if (!text) return;
+    saveBtn.disabled = true;
+    try {
+      await onSave(text);
+    } catch (error) {
+      saveBtn.disabled = false;
+      errorEl.hidden = false;
+      errorEl.textContent = error.message;
+    }
+  };
+  area.addEventListener('keydown', (event) => {
+    if (event.key === 'Escape') { event.preventDefault(); event.stopPropagation(); close(); }
+    if (event.key === 'Enter' && (event.ctrlKey || event.metaKey)) { event.preventDefault(); save(); }
+  });
+  const saveBtn = button(saveLabel, save, 'btn primary save-edit');
+  const editor = h('div', { class: 'editor' }, area, errorEl,
+    h('div', { class: 'panel-actions' }, saveBtn, button('Cancel', close, 'btn cancel-edit')));
+  textEl.hidden = true;
+  if (actions) actions.hidden = true;
+  textEl.after(editor);
+  area.focus();
+}
+
+/**
+ * Render the stored messages of the active path into `into` (tool messages go into the cards
+ * of their calls). `actions` = {fork(message, text), regenerate(userMessageId),
+ * editAnswer(messageId, text), switchBranch(messageId)}; `thinking` = reasoning by message id.
+ */
+export function renderMessages(messages, into, { busy, actions, thinking = new Map() }) {
+  const cards = new Map();
+  let lastUserId = null;
+  // "Regenerate" goes on the last assistant message of each turn (or on a user message that
+  // has no answer at all): the message before the next user message, or the end.
+  const turnEnd = new Set();
+  let lastAssistant = null;
+  const answered = new Set();
+  for (const message of messages) {
+    if (message.role === 'user') {
+      if (lastAssistant) turnEnd.add(lastAssistant);
+      lastAssistant = null;
+      lastUserId = message.id;
+    } else if (message.role === 'assistant') {
+      lastAssistant = message.id;
+      answered.add(lastUserId);
+    }
+  }
+  if (lastAssistant) turnEnd.add(lastAssistant);
+  lastUserId = null;
+  for (const message of messages) {
+    if (message.role === 'user') {
+      lastUserId = message.id;
+      const article = userBubble(message.content, { id: message.id });
+      article.append(h('div', { class: 'actions' },
+        button('Edit', () => inlineEditor(article, message.content, 'Send edited message', (text) => actions.fork(message, text)),
+          'btn tiny edit-user', { disabled: busy, 'aria-label': 'Edit this message' }),
+        answered.has(message.id) || busy ? null : button('Regenerate', () => actions.regenerate(message.id), 'btn tiny regenerate', { disabled: busy, 'aria-label': 'Answer this message again' }),
+        branchSwitcher(message, busy, actions.switchBranch)));
+      into.append(article);
+    } else if (message.role === 'assistant') {
+      const block = new AssistantBlock(message.id);
+      block.textNode.data = message.content || '';
+      if (thinking.has(message.id)) block.thinkingNode().data = thinking.get(message.id);
+      if (!message.content && !(message.tool_calls || []).length) block.textEl.classList.add('empty');
+      for (const call of message.tool_calls || []) {
+        const card = new ToolCard({ callId: call.id, name: call.name, args: call.args, risk: call.risk, gated: false });
+        card.setState('unfinished');
+        cards.set(call.id, card);
+        block.cardsEl.append(card.el);
+      }
+      block.finish(message.status || 'complete');
+      if (message.edited_by_user) block.badgeEl.append(h('span', { class: 'badge', text: 'edited' }));
+      const editable = !(message.tool_calls || []).length;
+      block.el.append(h('div', { class: 'actions' },
+        editable ? button('Edit', () => inlineEditor(block.el, message.content || '', 'Save', (text) => actions.editAnswer(message.id, text)),
+          'btn tiny edit-answer', { disabled: busy, 'aria-label': 'Edit this answer' }) : null,
+        lastUserId && turnEnd.has(message.id) ? button('Regenerate', () => actions.regenerate(lastUserId), 'btn tiny regenerate', { disabled: busy, 'aria-label': 'Regenerate this answer' }) : null,
+        branchSwitcher(message, busy, actions.switchBranch)));
+      into.append(block.el);
+    } else if (message.role === 'tool') {
+      let card = cards.get(message.tool_call_id);
+      if (!card) {
+        card = new ToolCard({ callId: message.tool_call_id, name: message.name || 'tool', args: {}, gated: false });
+        into.append(card.el);
+      }
+      card.setResult(toolOutcome(message));
+    }
+  }
+}
