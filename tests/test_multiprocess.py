@@ -28,11 +28,13 @@ LEASE_S = 1.5
 
 @pytest.fixture
 async def trio_of_servers(pg_db_url: str, tmp_path: Path) -> AsyncIterator[list[ServerProcess]]:
-    servers = []
+    servers = [
+        ServerProcess(pg_db_url, tmp_path / f"server-{name}.log", extra_args=("--lease-seconds", str(LEASE_S)))
+        for name in "abc"
+    ]
     try:
-        for name in "abc":
-            proc = ServerProcess(pg_db_url, tmp_path / f"server-{name}.log", extra_args=("--lease-seconds", str(LEASE_S)))
-            servers.append(await asyncio.to_thread(proc.start))
+        # Started together, as a deployment would: they race to migrate the fresh database.
+        await asyncio.gather(*(asyncio.to_thread(proc.start) for proc in servers))
         yield servers
     finally:
         for proc in servers:

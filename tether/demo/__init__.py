@@ -52,8 +52,7 @@ class DemoShop:
     async def open(self, store: Store) -> None:
         """Bind to the server's store and create the effects table (the demo's own table)."""
         self.store = store
-        async with store.transaction() as conn:
-            await conn.run_sync(_metadata.create_all)
+        await store.create_tables(_metadata)
 
     async def record(self, ctx: ToolContext, tool_name: str, args: dict[str, Any]) -> None:
         """Append one effect row."""

@@ -296,15 +296,22 @@ class Store(ReviewStoreMixin):
         # both create the tables: the first migrates under a database lock, the others then
         # find the schema at head. Alembic's ``context`` is process-global, so two upgrades
         # interleaving on one event loop (or in two threads) also clobber each other.
+        await self._under_schema_lock(upgrade)
+
+    async def create_tables(self, metadata: sa.MetaData) -> None:
+        """Create an agent's own tables if missing (safe when several processes start at once)."""
+        await self._under_schema_lock(metadata.create_all)
+
+    async def _under_schema_lock(self, fn: Any) -> None:
         async with _process_migration_lock():
             async with self._writing() as conn:
                 if self.is_sqlite:
-                    # The write lock now, before alembic reads the version table (pysqlite
-                    # would only BEGIN at the first DML, leaving DDL in autocommit).
+                    # The write lock now, before anything reads the schema (pysqlite would
+                    # only BEGIN at the first DML, leaving DDL in autocommit).
                     await conn.exec_driver_sql("BEGIN IMMEDIATE")
                 else:
                     await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_MIGRATION_LOCK_KEY)))
-                await conn.run_sync(upgrade)
+                await conn.run_sync(fn)
 
     async def aclose(self) -> None:
         """Dispose of the connection pool."""
@@ -487,14 +494,15 @@ class Store(ReviewStoreMixin):
                     details=[{"loc": ["body", "input"], "msg": "input.content is required unless parent_id is a user message", "type": "missing"}],
                 )
             input_id = new_id("msg") if content is not None else parent.id  # type: ignore[union-attr]
-            run = RunRecord(run_id, thread_id, "queued", config, input_id, now, None, None, None, None, None, None)
+            lease = self._lease_values()
+            run = RunRecord(run_id, thread_id, "queued", config, input_id, now, None, None, None, None, None, None, **lease)
             try:
                 # The first write of the transaction: if the partial unique index refuses it,
                 # nothing else has been written and the whole transaction rolls back.
                 await conn.execute(
                     runs.insert().values(
                         id=run_id, thread_id=thread_id, status="queued", config=config,
-                        input_message_id=input_id, created_at=now, **self._lease_values(),
+                        input_message_id=input_id, created_at=now, **lease,
                     )
                 )
             except IntegrityError:

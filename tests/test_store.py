@@ -1,0 +1,884 @@
+"""The store contract, run against every backend (SQLite file, PostgreSQL database).
+
+One suite, one fixture parametrised over the backends, so "works on SQLite" never stands in for
+"works on PostgreSQL". The races are real: on PostgreSQL every contender has its own connection
+(and half of them their own store, as another server process would), on SQLite the store
+serialises its writers and a second store on the same file contends through SQLite's own lock.
+What decides a race is always the database (a conditional ``UPDATE`` or a constraint), never the
+test's scheduling, so each race asserts the outcome, not an order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+from tether._ids import new_id, utcnow
+from tether.errors import InterruptExpired, InterruptResolved, InvalidRequest, NotFound, RunNotActive, ThreadBusy
+from tether.events import Cancelled, Done, Envelope, Event, Interrupt, Resumed, RunError, Status, Token, format_ts, now_ts
+from tether.store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord, tables
+
+from .conftest import postgres_url_for_test, sqlite_url
+
+pytestmark = pytest.mark.anyio
+
+HOUR = timedelta(hours=1)
+#: A race that has not settled by then is a deadlock: fail, never hang.
+RACE_TIMEOUT_S = 30
+ACTIONS = [{"call_id": "call_1", "name": "refund", "args": {"order_id": "42", "card": "****"}}]
+REVIEW = [{"call_id": "call_1", "allowed_decisions": ["approve", "reject", "edit"]}]
+TURN = {"assistant_message_id": "msg_x", "calls": [{"id": "call_1", "name": "refund", "args": {"order_id": "42"}, "gated": True, "status": None}]}
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """An empty database of each backend (PostgreSQL: a fresh database, dropped afterwards)."""
+    if request.param == "sqlite":
+        yield sqlite_url(tmp_path)
+    else:
+        async with postgres_url_for_test() as url:
+            yield url
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    """A store opened (and so migrated) on the empty database."""
+    opened = await Store.open(database_url)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+@contextlib.asynccontextmanager
+async def another_store(url: str) -> AsyncIterator[Store]:
+    """A second store on the same database: what another server process would have."""
+    opened = await Store.open(url)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def stored(run_id: str, seq: int, event: Event) -> StoredEvent:
+    return StoredEvent(seq, event.type, Envelope.encode(run_id, seq, event, now_ts()))
+
+
+async def start_run(store: Store, thread: ThreadRecord, content: str | None = "hello", **options: Any) -> tuple[RunRecord, MessageRecord, StoredEvent]:
+    kwargs: dict[str, Any] = {"parent_id": None, "use_active_leaf": True, "config": {}}
+    kwargs.update(options)
+    return await store.create_run(thread_id=thread.id, content=content, **kwargs)
+
+
+async def finish(store: Store, run_id: str, *, status: str = "completed", from_statuses: tuple[str, ...] = ("queued", "running")) -> bool:
+    final = stored(run_id, await store.last_seq(run_id) + 1, Done(message_id=None))
+    return await store.finish_run(run_id, status=status, final_event=final, from_statuses=from_statuses)
+
+
+async def open_interrupt(store: Store, run: RunRecord, *, created_at: datetime | None = None, expires_in: timedelta = HOUR) -> InterruptRecord:
+    created = created_at or utcnow()
+    record = InterruptRecord(
+        new_id("int"), run.id, run.thread_id, "pending", ACTIONS, REVIEW, TURN, None, None, created, created + expires_in, None
+    )
+    event = stored(
+        run.id, await store.last_seq(run.id) + 1,
+        Interrupt(interrupt_id=record.id, action_requests=ACTIONS, review_configs=REVIEW, expires_at=format_ts(record.expires_at)),
+    )
+    assert await store.open_interrupt(record, event)
+    return record
+
+
+async def parked_run(store: Store, thread: ThreadRecord | None = None, **interrupt_options: Any) -> tuple[RunRecord, InterruptRecord]:
+    """A run waiting for a human: created, running, then parked on an interrupt."""
+    thread = thread or await store.create_thread(owner="alice")
+    run, _, _ = await start_run(store, thread, "refund order 42")
+    assert await store.mark_running(run.id)
+    return run, await open_interrupt(store, run, **interrupt_options)
+
+
+async def leave(store: Store, interrupt: InterruptRecord, *, to_status: str = "resolved", now: datetime | None = None, actor: str = "bob") -> tuple[InterruptRecord, StoredEvent, Any]:
+    """``leave_pending`` as the runtime calls it: decisions, a ``resumed`` event, audit entries."""
+    verdict = "approve" if to_status == "resolved" else "expired"
+    decisions = [{"call_id": "call_1", "decision": verdict}]
+    return await store.leave_pending(
+        interrupt.id, to_status=to_status, now=now or utcnow(), decisions=decisions,
+        turn={**interrupt.turn, "decided_by": actor}, actor=actor,
+        make_event=lambda run_id, seq: stored(
+            run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="decided" if to_status == "resolved" else "expired", decisions=decisions)
+        ),
+        audit_entries=[AuditEntry("decision", actor, interrupt.thread_id, interrupt.run_id, interrupt.id, "call_1", "refund", decision=verdict)],
+    )
+
+
+async def event_types(store: Store, run_id: str) -> list[str]:
+    return [e.type for e in await store.read_events(run_id)]
+
+
+def message(thread: ThreadRecord, parent: MessageRecord | None, role: str, content: str, at: datetime, **fields: Any) -> MessageRecord:
+    return MessageRecord(new_id("msg"), thread.id, parent.id if parent else None, None, role, content, created_at=at, **fields)
+
+
+# -- migrations --------------------------------------------------------------------------------
+
+
+def _schema(sync_conn: sa.Connection) -> dict[str, Any]:
+    inspector = sa.inspect(sync_conn)
+    return {
+        "tables": set(inspector.get_table_names()),
+        "json_type": {c["name"]: c["type"].__visit_name__ for c in inspector.get_columns("threads")}["metadata"],
+        "run_indexes": {i["name"]: bool(i["unique"]) for i in inspector.get_indexes("runs")},
+        "version": sync_conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all(),
+    }
+
+
+def _head() -> str:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(tables.__file__).parent / "migrations"))
+    return ScriptDirectory.from_config(cfg).get_current_head()  # type: ignore[return-value]
+
+
+async def test_opening_an_empty_database_creates_the_whole_schema_at_the_latest_revision(store: Store) -> None:
+    async with store.connection() as conn:
+        schema = await conn.run_sync(_schema)
+    assert schema["tables"] == {"alembic_version", *tables.metadata.tables}
+    assert {"threads", "messages", "runs", "events", "interrupts", "audit"} <= schema["tables"]
+    assert schema["version"] == [_head()]
+    # json (not jsonb) on PostgreSQL: values come back as they were written.
+    assert schema["json_type"] == "JSON"
+    assert schema["run_indexes"]["uq_runs_one_active_per_thread"] is True
+
+
+async def test_opening_a_migrated_database_again_changes_nothing(store: Store, database_url: str) -> None:
+    thread = await store.create_thread(owner="alice", metadata={"k": 1})
+    async with another_store(database_url) as again:
+        assert await again.get_thread(thread.id) == thread
+        async with again.connection() as conn:
+            schema = await conn.run_sync(_schema)
+    assert schema["version"] == [_head()]
+    await store.migrate()  # and once more on the open store
+    assert await store.get_thread(thread.id) == thread
+
+
+async def test_stores_opening_one_empty_database_at_once_all_migrate_it(database_url: str) -> None:
+    with anyio.fail_after(RACE_TIMEOUT_S):
+        opened = await asyncio.gather(*(Store.open(database_url) for _ in range(4)), return_exceptions=True)
+    try:
+        assert all(isinstance(s, Store) for s in opened), opened
+        thread = await opened[0].create_thread(owner="alice")  # type: ignore[union-attr]
+        assert await opened[-1].get_thread(thread.id) == thread  # type: ignore[union-attr]
+    finally:
+        for s in opened:
+            if isinstance(s, Store):
+                await s.aclose()
+
+
+_OPEN_AND_CLOSE = """
+import asyncio, sys
+from tether.store import Store
+async def main():
+    store = await Store.open(sys.argv[1])
+    await store.aclose()
+asyncio.run(main())
+"""
+
+
+async def test_server_processes_starting_on_one_empty_database_all_migrate_it(database_url: str) -> None:
+    """Several server processes started together: one migrates, the others wait and find it done."""
+    with anyio.fail_after(RACE_TIMEOUT_S):
+        results = await asyncio.gather(
+            *(anyio.run_process([sys.executable, "-c", _OPEN_AND_CLOSE, database_url], check=False) for _ in range(3))
+        )
+    assert [r.returncode for r in results] == [0, 0, 0], [r.stderr.decode()[-2000:] for r in results]
+    async with another_store(database_url) as opened, opened.connection() as conn:
+        assert (await conn.run_sync(_schema))["version"] == [_head()]
+
+
+# -- threads -----------------------------------------------------------------------------------
+
+
+async def test_a_created_thread_reads_back_with_its_owner_and_metadata(store: Store) -> None:
+    thread = await store.create_thread(owner="alice", metadata={"title": "refunds"})
+    assert thread.owner == "alice" and thread.metadata == {"title": "refunds"} and thread.active_leaf_id is None
+    assert await store.get_thread(thread.id) == thread
+    assert await store.get_thread(thread.id, owner="alice") == thread
+    assert (await store.create_thread(owner="bob")).metadata == {}
+
+
+async def test_threads_are_listed_newest_first_and_filtered_by_owner(store: Store) -> None:
+    alice = [await store.create_thread(owner="alice") for _ in range(3)]
+    bob = await store.create_thread(owner="bob")
+    assert [t.id for t in await store.list_threads(owner="alice")] == [t.id for t in reversed(alice)]
+    assert [t.id for t in await store.list_threads()] == [bob.id, *(t.id for t in reversed(alice))]
+    assert [t.id for t in await store.list_threads(owner="alice", limit=2)] == [alice[2].id, alice[1].id]
+    assert await store.list_threads(owner="carol") == []
+
+
+async def test_missing_or_foreign_records_are_not_found_with_their_own_codes(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    missing_interrupt = InterruptRecord("int_missing", "run_x", thread.id, "pending", [], [], {}, None, None, utcnow(), utcnow(), None)
+    cases: list[tuple[Callable[[], Awaitable[Any]], str]] = [
+        (lambda: store.get_thread("thr_missing"), "thread_not_found"),
+        (lambda: store.get_thread(thread.id, owner="bob"), "thread_not_found"),
+        (lambda: store.create_run(thread_id="thr_missing", content="x", parent_id=None, use_active_leaf=True, config={}), "thread_not_found"),
+        (lambda: store.get_run("run_missing"), "run_not_found"),
+        (lambda: store.request_cancel("run_missing", mode="soft", reason=None, actor="a"), "run_not_found"),
+        (lambda: store.get_message("msg_missing"), "message_not_found"),
+        (lambda: store.set_active_leaf(thread.id, "msg_missing"), "message_not_found"),
+        (lambda: store.add_edited_version("msg_missing", "x"), "message_not_found"),
+        (lambda: store.get_interrupt("int_missing"), "interrupt_not_found"),
+        (lambda: leave(store, missing_interrupt), "interrupt_not_found"),
+    ]
+    for call, code in cases:
+        with pytest.raises(NotFound) as caught:
+            await call()
+        assert caught.value.code == code
+    assert await store.list_runs(thread.id) == [] and await store.thread_messages(thread.id) == []
+
+
+# -- create_run --------------------------------------------------------------------------------
+
+
+async def test_create_run_writes_the_run_its_user_message_and_run_started_atomically(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, user, started = await start_run(store, thread, "refund order 42", config={"approval_threshold": "destructive"})
+
+    assert (run.status, run.thread_id, run.config, run.input_message_id) == ("queued", thread.id, {"approval_threshold": "destructive"}, user.id)
+    assert await store.get_run(run.id) == run  # the run exactly as written
+    assert (user.role, user.content, user.parent_id, user.run_id, user.thread_id) == ("user", "refund order 42", None, run.id, thread.id)
+    assert await store.thread_messages(thread.id) == [user]
+    assert (await store.get_thread(thread.id)).active_leaf_id == user.id
+    assert started.seq == 1 and started.type == "run_started"
+    assert await store.read_events(run.id) == [started]
+    envelope = Envelope.from_json(started.envelope)
+    assert (envelope.run_id, envelope.seq, envelope.data) == (run.id, 1, {"thread_id": thread.id, "input_message_id": user.id})
+    assert await store.last_seq(run.id) == 1
+    assert await store.active_run_ids([thread.id, "thr_other"]) == {thread.id: run.id}
+    assert await store.active_run_ids([]) == {}
+    assert [r.to_api() for r in await store.list_runs(thread.id)] == [run.to_api()]
+    assert run.id in {r.id for r in await store.runs_in_status(("queued",))}
+
+
+async def test_a_second_run_on_a_thread_with_an_active_run_is_refused_and_writes_nothing(store: Store) -> None:
+    for status in ("queued", "running", "waiting_human", "cancelling"):
+        thread = await store.create_thread(owner="alice")
+        if status == "waiting_human":
+            run, _ = await parked_run(store, thread)
+        else:
+            run, _, _ = await start_run(store, thread)
+            if status == "running":
+                assert await store.mark_running(run.id)
+            elif status == "cancelling":
+                await store.request_cancel(run.id, mode="soft", reason=None, actor="alice")
+        before = await store.thread_messages(thread.id)
+        leaf = (await store.get_thread(thread.id)).active_leaf_id
+        with pytest.raises(ThreadBusy) as caught:
+            await start_run(store, thread, "and another thing")
+        assert caught.value.code == "thread_busy"
+        assert (await store.get_run(run.id)).status == status
+        assert [r.id for r in await store.list_runs(thread.id)] == [run.id]
+        assert await store.thread_messages(thread.id) == before
+        assert (await store.get_thread(thread.id)).active_leaf_id == leaf
+
+
+async def test_of_twenty_concurrent_runs_on_one_thread_exactly_one_is_created(store: Store, database_url: str) -> None:
+    thread = await store.create_thread(owner="alice")
+    async with another_store(database_url) as other:
+        with anyio.fail_after(RACE_TIMEOUT_S):
+            outcomes = await asyncio.gather(
+                *(start_run(store if i % 2 else other, thread, f"attempt {i}") for i in range(20)), return_exceptions=True
+            )
+    winners = [o for o in outcomes if not isinstance(o, BaseException)]
+    losers = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(winners) == 1 and all(isinstance(o, ThreadBusy) for o in losers), losers
+    run, user, _ = winners[0]
+    assert [r.id for r in await store.list_runs(thread.id)] == [run.id]
+    # The losers left nothing behind: no orphan user message, no event, the leaf is the winner's.
+    assert await store.thread_messages(thread.id) == [user]
+    assert (await store.get_thread(thread.id)).active_leaf_id == user.id
+    assert await event_types(store, run.id) == ["run_started"]
+
+
+async def test_after_its_run_finishes_the_thread_accepts_a_new_run_continuing_the_path(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, u1, _ = await start_run(store, thread, "first")
+    a1 = await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "answer"))
+    assert await finish(store, run.id)
+    assert await store.active_run_ids([thread.id]) == {}
+    second, u2, _ = await start_run(store, thread, "second")
+    assert u2.parent_id == a1.id and second.input_message_id == u2.id
+    assert [m.id for m in await store.path_to(thread.id, u2.id)] == [u1.id, a1.id, u2.id]
+
+
+async def test_a_run_with_an_explicit_parent_forks_the_thread_and_none_starts_a_new_root(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, u1, _ = await start_run(store, thread, "first")
+    a1 = await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "answer"))
+    await store.add_message(MessageRecord(new_id("msg"), thread.id, a1.id, None, "user", "follow-up"))
+    assert await finish(store, run.id)
+
+    fork, forked, _ = await start_run(store, thread, "instead", parent_id=a1.id, use_active_leaf=False)
+    assert forked.parent_id == a1.id and (await store.get_thread(thread.id)).active_leaf_id == forked.id
+    assert await finish(store, fork.id)
+
+    rooted, root, _ = await start_run(store, thread, "edited first message", parent_id=None, use_active_leaf=False)
+    assert root.parent_id is None and rooted.input_message_id == root.id
+    assert (await store.get_thread(thread.id)).active_leaf_id == root.id
+    assert await store.path_to(thread.id, root.id) == [root]
+
+
+async def test_a_run_without_content_regenerates_from_an_existing_user_message(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, u1, _ = await start_run(store, thread, "question")
+    await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "answer one"))
+    assert await finish(store, run.id)
+    count = len(await store.thread_messages(thread.id))
+
+    again, input_message, started = await start_run(store, thread, None, parent_id=u1.id, use_active_leaf=False)
+    assert again.input_message_id == u1.id and input_message == u1
+    assert len(await store.thread_messages(thread.id)) == count  # no new message
+    assert (await store.get_thread(thread.id)).active_leaf_id == u1.id
+    assert Envelope.from_json(started.envelope).data["input_message_id"] == u1.id
+
+
+async def test_invalid_parents_and_missing_input_are_refused_and_write_nothing(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    elsewhere = await store.create_thread(owner="alice")
+    run, u1, _ = await start_run(store, thread, "question")
+    calls = [{"id": "call_1", "name": "lookup", "args": {"q": "x"}}]
+    a1 = await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "", tool_calls=calls))
+    assert await finish(store, run.id)
+    _, foreign, _ = await start_run(store, elsewhere, "other thread")
+    before = await store.thread_messages(thread.id)
+
+    cases = [
+        ({"content": "x", "parent_id": foreign.id, "use_active_leaf": False}, "invalid_parent"),
+        ({"content": "x", "parent_id": "msg_missing", "use_active_leaf": False}, "invalid_parent"),
+        # A message under a tool call without its result would make a history no model accepts.
+        ({"content": "x", "parent_id": a1.id, "use_active_leaf": False}, "invalid_parent"),
+        ({"content": None, "parent_id": a1.id, "use_active_leaf": False}, "input_required"),
+        ({"content": None, "parent_id": None, "use_active_leaf": False}, "input_required"),
+        ({"content": None, "parent_id": foreign.id, "use_active_leaf": False}, "invalid_parent"),
+    ]
+    for options, code in cases:
+        with pytest.raises(InvalidRequest) as caught:
+            await store.create_run(thread_id=thread.id, config={}, **options)
+        assert caught.value.code == code, options
+    assert len(await store.list_runs(thread.id)) == 1
+    assert await store.thread_messages(thread.id) == before
+    assert (await store.get_thread(thread.id)).active_leaf_id == a1.id
+
+
+# -- finish_run --------------------------------------------------------------------------------
+
+
+async def test_finish_run_from_a_status_not_allowed_returns_false_and_writes_nothing(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, _ = await parked_run(store, thread)
+    await store.request_cancel(run.id, mode="soft", reason="stop", actor="alice")
+    final = stored(run.id, 3, Done(message_id=None))
+    before = [stored(run.id, 3, Token(message_id="m", text="late"))]
+    # A cancelling run is never committed as completed.
+    assert not await store.finish_run(run.id, status="completed", final_event=final, from_statuses=("running",), events_before=before)
+    current = await store.get_run(run.id)
+    assert current.status == "cancelling" and current.ended_at is None
+    assert await store.last_seq(run.id) == 2
+    assert len(await store.pending_interrupts(run_ids=[run.id])) == 1
+
+
+async def test_finish_run_appends_events_before_then_the_final_event_with_the_status(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, _, _ = await start_run(store, thread)
+    assert await store.mark_running(run.id)
+    before = [stored(run.id, 2, Token(message_id="m", text="a")), stored(run.id, 3, Token(message_id="m", text="b"))]
+    final = stored(run.id, 4, RunError(code="model_error", message="boom"))
+    error = {"code": "model_error", "message": "boom", "retryable": False}
+    assert await store.finish_run(run.id, status="failed", final_event=final, from_statuses=("running",), error=error, events_before=before)
+    assert await store.read_events(run.id, after_seq=1) == [*before, final]
+    done = await store.get_run(run.id)
+    assert done.status == "failed" and done.terminal and done.error == error and done.ended_at is not None
+    # Once terminal, a second finisher loses.
+    assert not await store.finish_run(run.id, status="completed", final_event=stored(run.id, 5, Done(message_id=None)), from_statuses=("running",))
+    assert (await store.get_run(run.id)).status == "failed" and await store.last_seq(run.id) == 4
+
+
+async def test_finishing_a_run_cancels_its_pending_interrupt(store: Store) -> None:
+    run, interrupt = await parked_run(store)
+    await store.request_cancel(run.id, mode="soft", reason=None, actor="alice")
+    final = stored(run.id, 3, Cancelled(mode="soft"))
+    assert await store.finish_run(run.id, status="cancelled", final_event=final, from_statuses=("cancelling",))
+    settled = await store.get_interrupt(interrupt.id)
+    assert settled.status == "cancelled" and settled.resolved_at is not None
+    assert await store.pending_interrupts(run_ids=[run.id]) == []
+    with pytest.raises(InterruptResolved):
+        await leave(store, interrupt)
+    assert await event_types(store, run.id) == ["run_started", "interrupt", "cancelled"]
+
+
+async def test_a_failing_finish_run_rolls_back_the_status_change(store: Store) -> None:
+    """All or nothing: a final event whose seq is taken leaves the run as it was."""
+    thread = await store.create_thread(owner="alice")
+    run, _, _ = await start_run(store, thread)
+    assert await store.mark_running(run.id)
+    with pytest.raises(sa.exc.IntegrityError):
+        await store.finish_run(run.id, status="completed", final_event=stored(run.id, 1, Done(message_id=None)), from_statuses=("running",))
+    current = await store.get_run(run.id)
+    assert current.status == "running" and current.ended_at is None
+    assert await event_types(store, run.id) == ["run_started"]
+
+
+# -- request_cancel ----------------------------------------------------------------------------
+
+
+async def test_request_cancel_moves_every_active_status_to_cancelling(store: Store) -> None:
+    for status in ("queued", "running", "waiting_human"):
+        thread = await store.create_thread(owner="alice")
+        if status == "waiting_human":
+            run, _ = await parked_run(store, thread)
+        else:
+            run, _, _ = await start_run(store, thread)
+            if status == "running":
+                assert await store.mark_running(run.id)
+        record = await store.request_cancel(run.id, mode="soft", reason="changed my mind", actor="alice")
+        assert (record.status, record.cancel_mode, record.cancel_reason, record.cancel_actor) == ("cancelling", "soft", "changed my mind", "alice")
+        assert await store.get_run(run.id) == record
+        assert record.to_api()["cancel"] == {"mode": "soft", "reason": "changed my mind", "actor": "alice"}
+
+
+async def test_a_hard_cancel_upgrades_a_soft_one_and_a_soft_one_never_downgrades(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, _, _ = await start_run(store, thread)
+    assert (await store.request_cancel(run.id, mode="soft", reason="first", actor="alice")).cancel_mode == "soft"
+    assert (await store.request_cancel(run.id, mode="soft", reason="again", actor="bob")).cancel_reason == "first"
+    hard = await store.request_cancel(run.id, mode="hard", reason="now", actor="bob")
+    assert hard.status == "cancelling" and hard.cancel_mode == "hard"
+    assert (await store.request_cancel(run.id, mode="soft", reason=None, actor="carol")).cancel_mode == "hard"
+
+
+async def test_cancelling_a_terminal_run_raises_run_not_active_and_changes_nothing(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, _, _ = await start_run(store, thread)
+    assert await finish(store, run.id)
+    done = await store.get_run(run.id)
+    for mode in ("soft", "hard"):
+        with pytest.raises(RunNotActive) as caught:
+            await store.request_cancel(run.id, mode=mode, reason=None, actor="alice")
+        assert caught.value.code == "run_not_active" and caught.value.details == {"status": "completed"}
+    assert await store.get_run(run.id) == done
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+async def test_events_append_in_batches_and_read_back_in_order_with_paging(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, _, started = await start_run(store, thread)
+    seq = 2
+    written = [started]
+    for size in (1, 7, 4500, 40):  # 4500: more rows than one SQLite multi-row INSERT takes
+        batch = [stored(run.id, seq + i, Token(message_id="m", text=f"t{seq + i} ü")) for i in range(size)]
+        await store.append_events(run.id, batch)
+        written += batch
+        seq += size
+    await store.append_events(run.id, [])  # an empty batch is nothing
+    assert await store.last_seq(run.id) == seq - 1 == len(written)
+    assert await store.read_events(run.id, limit=100_000) == written
+    assert await store.read_events(run.id, after_seq=10, limit=5) == written[10:15]
+    pages: list[StoredEvent] = []
+    while page := await store.read_events(run.id, after_seq=pages[-1].seq if pages else 0, limit=1000):
+        pages += page
+    assert pages == written
+    assert await store.read_events(run.id, after_seq=seq) == []
+    assert await store.read_events("run_missing") == [] and await store.last_seq("run_missing") == 0
+
+
+async def test_a_duplicate_seq_is_refused_by_the_database_and_its_batch_written_not_at_all(store: Store, database_url: str) -> None:
+    """The primary key (run_id, seq) keeps seqs unique, whichever process writes."""
+    thread = await store.create_thread(owner="alice")
+    run, _, started = await start_run(store, thread)
+    await store.append_events(run.id, [stored(run.id, 2, Token(message_id="m", text="a"))])
+    for batch in ([stored(run.id, 3, Token(message_id="m", text="b")), stored(run.id, 2, Token(message_id="m", text="dup"))],
+                  [stored(run.id, 1, Token(message_id="m", text="dup"))]):
+        with pytest.raises(sa.exc.IntegrityError):
+            await store.append_events(run.id, batch)
+    async with another_store(database_url) as other:
+        with pytest.raises(sa.exc.IntegrityError):
+            await other.append_events(run.id, [stored(run.id, 2, Token(message_id="m", text="other process"))])
+    events = await store.read_events(run.id)
+    assert [e.seq for e in events] == [1, 2] and events[0] == started
+    assert Envelope.from_json(events[1].envelope).data["text"] == "a"
+    # The store is still usable after the refused writes.
+    await store.append_events(run.id, [stored(run.id, 3, Token(message_id="m", text="b"))])
+    assert await store.last_seq(run.id) == 3
+
+
+# -- interrupts --------------------------------------------------------------------------------
+
+
+async def test_open_interrupt_parks_only_a_running_run(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, _, _ = await start_run(store, thread)
+    record = InterruptRecord(new_id("int"), run.id, thread.id, "pending", ACTIONS, REVIEW, TURN, None, None, utcnow(), utcnow() + HOUR, None)
+    event = stored(run.id, 2, Interrupt(interrupt_id=record.id, action_requests=ACTIONS, review_configs=REVIEW, expires_at="x"))
+    assert not await store.open_interrupt(record, event)  # queued: not yet running
+    assert await store.latest_interrupt(run.id) is None and await store.last_seq(run.id) == 1
+
+    assert await store.mark_running(run.id)
+    assert not await store.mark_running(run.id)
+    assert await store.open_interrupt(record, event)
+    assert (await store.get_run(run.id)).status == "waiting_human"
+    interrupt = await store.get_interrupt(record.id)
+    assert (interrupt.status, interrupt.action_requests, interrupt.review_configs, interrupt.turn) == ("pending", ACTIONS, REVIEW, TURN)
+    assert await store.read_events(run.id, after_seq=1) == [event]
+
+    again = InterruptRecord(new_id("int"), run.id, thread.id, "pending", ACTIONS, REVIEW, TURN, None, None, utcnow(), utcnow() + HOUR, None)
+    assert not await store.open_interrupt(again, stored(run.id, 3, Status(stage="thinking")))  # already waiting
+    await store.request_cancel(run.id, mode="soft", reason=None, actor="alice")
+    assert not await store.open_interrupt(again, stored(run.id, 3, Status(stage="thinking")))  # cancelling
+    assert (await store.latest_interrupt(run.id)).id == record.id  # type: ignore[union-attr]
+    assert await store.last_seq(run.id) == 2
+
+
+async def test_resolving_an_interrupt_resumes_its_run_and_a_second_resolution_is_refused(store: Store) -> None:
+    run, interrupt = await parked_run(store)
+    now = utcnow()
+    resolved, event, run_row = await leave(store, interrupt, now=now, actor="bob")
+    assert (resolved.status, resolved.resolved_by, resolved.resolved_at) == ("resolved", "bob", now)
+    assert resolved.decisions == [{"call_id": "call_1", "decision": "approve"}]
+    assert run_row.status == "running"
+    assert (event.seq, event.type) == (3, "resumed")
+    assert await store.get_interrupt(interrupt.id) == resolved
+    assert await store.read_events(run.id, after_seq=2) == [event]
+    assert [(a["action"], a["actor"], a["interrupt_id"]) for a in await store.list_audit(run_id=run.id)] == [("decision", "bob", interrupt.id)]
+
+    for to_status in ("resolved", "expired"):
+        with pytest.raises(InterruptResolved) as caught:
+            await leave(store, interrupt, to_status=to_status, now=interrupt.expires_at + HOUR)
+        assert caught.value.details == {"status": "resolved"}
+    assert await store.last_seq(run.id) == 3 and len(await store.list_audit(run_id=run.id)) == 1
+
+
+async def test_an_interrupt_past_its_deadline_cannot_be_resolved_only_expired(store: Store) -> None:
+    run, interrupt = await parked_run(store)
+    late = interrupt.expires_at + timedelta(seconds=1)
+    with pytest.raises(InterruptExpired) as caught:
+        await leave(store, interrupt, now=late)  # pending, but past expires_at
+    assert caught.value.code == "interrupt_expired"
+    assert (await store.get_interrupt(interrupt.id)).status == "pending"
+    assert (await store.get_run(run.id)).status == "waiting_human" and await store.last_seq(run.id) == 2
+
+    expired, event, run_row = await leave(store, interrupt, to_status="expired", now=interrupt.expires_at, actor="system")
+    assert expired.status == "expired" and run_row.status == "running" and event.type == "resumed"
+    assert Envelope.from_json(event.envelope).data["resolution"] == "expired"
+    for to_status in ("resolved", "expired"):
+        with pytest.raises(InterruptExpired):
+            await leave(store, interrupt, to_status=to_status, now=late)
+    assert await store.last_seq(run.id) == 3
+
+
+async def test_an_interrupt_cannot_be_expired_before_its_deadline(store: Store) -> None:
+    run, interrupt = await parked_run(store)
+    with pytest.raises(InterruptResolved):
+        await leave(store, interrupt, to_status="expired", now=interrupt.expires_at - timedelta(microseconds=1))
+    assert (await store.get_interrupt(interrupt.id)).status == "pending"
+    assert (await store.get_run(run.id)).status == "waiting_human"
+    assert await store.last_seq(run.id) == 2 and await store.list_audit(run_id=run.id) == []
+
+
+async def test_of_fifty_concurrent_resolutions_of_one_interrupt_exactly_one_wins(store: Store, database_url: str) -> None:
+    run, interrupt = await parked_run(store)
+    async with another_store(database_url) as other:
+        with anyio.fail_after(RACE_TIMEOUT_S):
+            outcomes = await asyncio.gather(
+                *(leave(store if i % 2 else other, interrupt, actor=f"approver{i}") for i in range(50)), return_exceptions=True
+            )
+    winners = [o for o in outcomes if not isinstance(o, BaseException)]
+    losers = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(winners) == 1 and len(losers) == 49 and all(isinstance(o, InterruptResolved) for o in losers), losers
+    resolved, event, run_row = winners[0]
+    assert await store.get_interrupt(interrupt.id) == resolved
+    assert await event_types(store, run.id) == ["run_started", "interrupt", "resumed"]
+    assert await store.read_events(run.id, after_seq=2) == [event]
+    assert run_row.status == "running" and (await store.get_run(run.id)).status == "running"
+    assert [a["actor"] for a in await store.list_audit(run_id=run.id)] == [resolved.resolved_by]
+
+
+async def test_a_cancel_racing_a_resolution_never_lets_both_win(store: Store, database_url: str) -> None:
+    """Either the resolution wins (the run resumed, then cancelling) or the cancel does (the
+    interrupt stays pending for finish_run to cancel, nothing resumed): never a resolved
+    interrupt whose run did not resume, nor a resume of a run being cancelled.
+
+    One side or the other gets a head start, from a clear one (so both outcomes happen) to
+    none (so they overlap).
+    """
+    seen: set[str] = set()
+
+    async def after(delay: float, call: Awaitable[Any]) -> Any:
+        await asyncio.sleep(delay)
+        return await call
+
+    async with another_store(database_url) as other:
+        # Positive: the resolution starts first; negative: the cancel does.
+        for i, head_start in enumerate((0.1, 0.01, 0.003, 0.001, 0.0005, 0, 0, -0.0005, -0.001, -0.003, -0.01, -0.1)):
+            run, interrupt = await parked_run(store)
+            resolver, canceller = (store, other) if i % 2 else (other, store)
+            with anyio.fail_after(RACE_TIMEOUT_S):
+                resolution, cancel = await asyncio.gather(
+                    after(max(0, -head_start), leave(resolver, interrupt)),
+                    after(max(0, head_start), canceller.request_cancel(run.id, mode="hard", reason=None, actor="alice")),
+                    return_exceptions=True,
+                )
+            assert isinstance(cancel, RunRecord) and cancel.status == "cancelling", cancel
+            current = await store.get_interrupt(interrupt.id)
+            types = await event_types(store, run.id)
+            if isinstance(resolution, BaseException):
+                assert isinstance(resolution, InterruptResolved), resolution
+                assert current.status == "pending" and types == ["run_started", "interrupt"]
+                assert await store.list_audit(run_id=run.id) == []
+                seen.add("cancel first")
+            else:
+                assert resolution[2].status == "running"
+                assert current.status == "resolved" and types == ["run_started", "interrupt", "resumed"]
+                seen.add("resolution first")
+            assert (await store.get_run(run.id)).status == "cancelling"
+    assert seen == {"cancel first", "resolution first"}
+
+
+async def test_due_interrupts_next_expiry_and_pending_interrupts_query_pending_ones(store: Store) -> None:
+    base = utcnow()
+    parked = [await parked_run(store, created_at=base, expires_in=timedelta(minutes=m)) for m in (30, 10, 20)]
+    (run30, i30), (run10, i10), (run20, i20) = parked
+    assert await store.next_expiry() == base + timedelta(minutes=10)
+    assert await store.due_interrupts(base) == []
+    assert [i.id for i in await store.due_interrupts(base + timedelta(minutes=25))] == [i10.id, i20.id]
+    assert [i.id for i in await store.due_interrupts(base + timedelta(minutes=25), limit=1)] == [i10.id]
+    assert [i.id for i in await store.due_interrupts(base + timedelta(minutes=20))] == [i10.id, i20.id]  # due at expires_at
+
+    await leave(store, i10, to_status="expired", now=base + timedelta(minutes=10), actor="system")
+    assert await store.next_expiry() == base + timedelta(minutes=20)
+    assert [i.id for i in await store.due_interrupts(base + HOUR)] == [i20.id, i30.id]
+
+    assert [i.id for i in await store.pending_interrupts(run_ids=[run20.id])] == [i20.id]
+    assert [i.id for i in await store.pending_interrupts(thread_ids=[run30.thread_id])] == [i30.id]
+    assert {i.id for i in await store.pending_interrupts(run_ids=[run20.id], thread_ids=[run30.thread_id])} == {i20.id, i30.id}
+    assert await store.pending_interrupts(run_ids=[run10.id]) == []
+    assert await store.pending_interrupts() == []
+
+    for interrupt in (i20, i30):
+        await leave(store, interrupt, now=base)
+    assert await store.next_expiry() is None and await store.due_interrupts(base + HOUR) == []
+
+
+async def test_latest_interrupt_is_the_most_recent_of_its_run(store: Store) -> None:
+    run, first = await parked_run(store, created_at=utcnow() - timedelta(minutes=5))
+    assert await store.latest_interrupt(run.id) == first
+    await leave(store, first)
+    second = await open_interrupt(store, run)
+    latest = await store.latest_interrupt(run.id)
+    assert latest is not None and latest.id == second.id and latest.status == "pending"
+    assert await store.latest_interrupt("run_missing") is None
+    assert await event_types(store, run.id) == ["run_started", "interrupt", "resumed", "interrupt"]
+
+
+# -- audit -------------------------------------------------------------------------------------
+
+
+async def test_audit_entries_list_oldest_first_filtered_by_thread_and_run(store: Store) -> None:
+    await store.add_audit([])
+    await store.add_audit([AuditEntry("cancel", "alice", "thr_a", "run_1", reason="stop", outcome="cancelling", details={"mode": "soft"})])
+    await store.add_audit([
+        AuditEntry("decision", "bob", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", "approve", None, "accepted"),
+        AuditEntry("tool_executed", "system", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", outcome="ok"),
+    ])
+    await store.add_audit([AuditEntry("expired", "system", "thr_b", "run_3", "int_2", "call_9", "delete", decision="expired")])
+
+    entries = await store.list_audit()
+    assert [e["action"] for e in entries] == ["cancel", "decision", "tool_executed", "expired"]
+    assert entries[1] == {
+        "id": entries[1]["id"], "ts": entries[1]["ts"], "actor": "bob", "action": "decision", "thread_id": "thr_a",
+        "run_id": "run_2", "interrupt_id": "int_1", "call_id": "call_1", "tool": "refund", "args_digest": "sha256:ab",
+        "decision": "approve", "reason": None, "outcome": "accepted", "details": None,
+    }
+    assert entries[0]["details"] == {"mode": "soft"}
+    assert [e["ts"] for e in entries] == sorted(e["ts"] for e in entries) and entries[0]["ts"].endswith("Z")
+    assert [e["action"] for e in await store.list_audit(thread_id="thr_a")] == ["cancel", "decision", "tool_executed"]
+    assert [e["action"] for e in await store.list_audit(run_id="run_2")] == ["decision", "tool_executed"]
+    assert [e["action"] for e in await store.list_audit(thread_id="thr_a", run_id="run_3")] == []
+    assert [e["action"] for e in await store.list_audit(thread_id="thr_b", run_id="run_3")] == ["expired"]
+    assert [e["action"] for e in await store.list_audit(limit=2)] == ["cancel", "decision"]
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+
+async def test_add_message_appends_to_the_tree_and_moves_the_active_leaf(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    base = utcnow()
+    u1 = await store.add_message(message(thread, None, "user", "hi", base))
+    a1 = await store.add_message(message(thread, u1, "assistant", "hello", base + timedelta(seconds=1), tool_calls=[{"id": "c", "name": "t", "args": {}}]))
+    t1 = await store.add_message(message(thread, a1, "tool", "42", base + timedelta(seconds=2), tool_call_id="c", name="t"))
+    assert (await store.get_thread(thread.id)).active_leaf_id == t1.id
+    assert await store.get_message(t1.id) == t1
+    assert await store.thread_messages(thread.id) == [u1, a1, t1]
+    assert await store.path_to(thread.id, t1.id) == [u1, a1, t1]
+    assert await store.path_to(thread.id, a1.id) == [u1, a1]
+    assert await store.path_to(thread.id, None) == []
+
+
+async def test_set_active_leaf_switches_to_the_deepest_newest_leaf_of_a_branch(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    base = utcnow()
+    at = [base + timedelta(seconds=s) for s in range(10)]
+    u1 = await store.add_message(message(thread, None, "user", "q", at[0]))
+    a1 = await store.add_message(message(thread, u1, "assistant", "first answer", at[1]))
+    u2 = await store.add_message(message(thread, a1, "user", "more", at[2]))
+    a2 = await store.add_message(message(thread, u2, "assistant", "more answer", at[3]))
+    a1b = await store.add_message(message(thread, u1, "assistant", "second answer", at[4]))
+    u3 = await store.add_message(message(thread, a1b, "user", "other branch", at[5]))
+
+    assert await store.set_active_leaf(thread.id, a1.id) == a2.id
+    assert (await store.get_thread(thread.id)).active_leaf_id == a2.id
+    assert await store.set_active_leaf(thread.id, u1.id) == u3.id  # newest child at each level
+    assert await store.set_active_leaf(thread.id, a2.id) == a2.id
+
+    run, _, _ = await start_run(store, thread, "busy now")
+    with pytest.raises(ThreadBusy):
+        await store.set_active_leaf(thread.id, a1.id)
+    assert (await store.get_thread(thread.id)).active_leaf_id == run.input_message_id
+    assert await finish(store, run.id)
+    assert await store.set_active_leaf(thread.id, a1.id) == run.input_message_id  # the run's input now ends that branch
+    other = await store.create_thread(owner="alice")
+    with pytest.raises(NotFound):
+        await store.set_active_leaf(other.id, a1.id)  # not a message of that thread
+
+
+async def test_an_edited_version_of_an_assistant_message_becomes_its_active_sibling(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, u1, _ = await start_run(store, thread, "question")
+    calls = [{"id": "c1", "name": "lookup", "args": {}}]
+    a1 = await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "wrong", tool_calls=calls))
+    with pytest.raises(ThreadBusy):
+        await store.add_edited_version(a1.id, "during the run")
+    assert await finish(store, run.id)
+    count = len(await store.thread_messages(thread.id))
+
+    edited = await store.add_edited_version(a1.id, "right")
+    assert (edited.parent_id, edited.edited_from_id, edited.role, edited.content, edited.run_id) == (u1.id, a1.id, "assistant", "right", None)
+    assert edited.tool_calls is None and edited.status == "complete"
+    assert await store.get_message(edited.id) == edited
+    assert (await store.get_thread(thread.id)).active_leaf_id == edited.id
+    assert len(await store.thread_messages(thread.id)) == count + 1
+    assert edited.to_api(sibling_ids=[a1.id, edited.id])["edited_by_user"] is True
+
+    with pytest.raises(InvalidRequest) as caught:
+        await store.add_edited_version(u1.id, "not mine to edit")
+    assert caught.value.code == "not_an_assistant_message"
+    assert len(await store.thread_messages(thread.id)) == count + 1
+
+
+async def test_update_message_changes_only_what_it_is_given(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    m = await store.add_message(message(thread, None, "assistant", "", utcnow(), status="partial"))
+    await store.update_message(m.id, content="streamed text")
+    assert (await store.get_message(m.id)).content == "streamed text"
+    calls = [{"id": "c1", "name": "refund", "args": {"order_id": "42", "amount": 12.5}}]
+    await store.update_message(m.id, status="complete", tool_calls=calls)
+    updated = await store.get_message(m.id)
+    assert (updated.content, updated.status, updated.tool_calls) == ("streamed text", "complete", calls)
+    await store.update_message(m.id)  # nothing to change
+    assert await store.get_message(m.id) == updated
+
+
+# -- values ------------------------------------------------------------------------------------
+
+NESTED = {
+    "zeta": "first key, last in sort order",
+    "ünïcödé ✓": "日本語 — emoji 🧾",
+    "floats": [0.1, 1.0, -2.5e-08, 0.30000000000000004, 1e300, 123456.789, -0.0],
+    "ints": [0, -1, 2**53 + 1, 2**70],
+    "nested": {"b": [1, [2, {"x": None, "y": True, "z": False}]], "a": {}, "empty": []},
+    "quote\"and\\slash": "line\nbreak\ttab",
+}
+
+
+async def test_json_columns_round_trip_nested_values_identically(store: Store) -> None:
+    thread = await store.create_thread(owner="alice", metadata=NESTED)
+    run, _, _ = await start_run(store, thread, config={"config": NESTED})
+    assert await store.mark_running(run.id)
+    assistant = await store.add_message(MessageRecord(new_id("msg"), thread.id, run.input_message_id, run.id, "assistant", "", tool_calls=[{"id": "c", "name": "t", "args": NESTED}]))
+    record = InterruptRecord(new_id("int"), run.id, thread.id, "pending", [NESTED], [NESTED], {"turn": NESTED}, None, None, utcnow(), utcnow() + HOUR, None)
+    assert await store.open_interrupt(record, stored(run.id, 2, Status(stage="thinking")))
+    await store.leave_pending(
+        record.id, to_status="resolved", now=utcnow(), decisions=[{"decision": "edit", "args": NESTED}], turn={"turn": NESTED, "after": 1},
+        actor="bob", make_event=lambda run_id, seq: stored(run_id, seq, Status(stage="thinking")), audit_entries=[AuditEntry("decision", "bob", details=NESTED)],
+    )
+    assert await store.finish_run(run.id, status="failed", final_event=stored(run.id, 4, RunError(code="x", message="y")), from_statuses=("running",), error={"error": NESTED})
+
+    interrupt = await store.get_interrupt(record.id)
+    values = {
+        "metadata": ((await store.get_thread(thread.id)).metadata, NESTED),
+        "config": ((await store.get_run(run.id)).config, {"config": NESTED}),
+        "error": ((await store.get_run(run.id)).error, {"error": NESTED}),
+        "tool_calls": ((await store.get_message(assistant.id)).tool_calls, [{"id": "c", "name": "t", "args": NESTED}]),
+        "action_requests": (interrupt.action_requests, [NESTED]),
+        "review_configs": (interrupt.review_configs, [NESTED]),
+        "turn": (interrupt.turn, {"turn": NESTED, "after": 1}),
+        "decisions": (interrupt.decisions, [{"decision": "edit", "args": NESTED}]),
+        "details": ((await store.list_audit())[0]["details"], NESTED),
+    }
+    for column, (back, written) in values.items():
+        # Equal, and identical as JSON text: same key order, same number forms.
+        assert back == written, column
+        assert json.dumps(back, ensure_ascii=False) == json.dumps(written, ensure_ascii=False), column
+    assert type(interrupt.turn["turn"]["floats"][1]) is float and type(interrupt.turn["turn"]["floats"][4]) is float
+
+
+async def test_timestamps_come_back_timezone_aware_utc_as_the_same_instant(store: Store) -> None:
+    def is_utc(moment: datetime | None) -> bool:
+        return moment is not None and moment.utcoffset() == timedelta(0) and moment.tzinfo is not None
+
+    thread = await store.create_thread(owner="alice")
+    run, user, _ = await start_run(store, thread)
+    assert await store.mark_running(run.id)
+    # An interrupt written with a +02:00 deadline: stored and compared as the same instant.
+    plus_two = timezone(timedelta(hours=2))
+    created = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=plus_two)
+    interrupt = await open_interrupt(store, run, created_at=created, expires_in=timedelta(minutes=10))
+    back = await store.get_interrupt(interrupt.id)
+    assert back.created_at == created and back.expires_at == created + timedelta(minutes=10)
+    assert is_utc(back.created_at) and is_utc(back.expires_at) and back.created_at.hour == 5
+    assert await store.next_expiry() == created + timedelta(minutes=10) and is_utc(await store.next_expiry())
+    minus_five = timezone(timedelta(hours=-5))
+    just_before = (created + timedelta(minutes=10) - timedelta(microseconds=1)).astimezone(minus_five)
+    assert await store.due_interrupts(just_before) == []
+    assert [i.id for i in await store.due_interrupts(just_before + timedelta(microseconds=1))] == [interrupt.id]
+    resolved, _, _ = await leave(store, interrupt, now=created.astimezone(minus_five))  # before the deadline: resolvable
+    assert (await store.get_interrupt(interrupt.id)).resolved_at == resolved.resolved_at
+    assert is_utc((await store.get_interrupt(interrupt.id)).resolved_at)
+    assert await finish(store, run.id, from_statuses=("running",))
+
+    current = await store.get_run(run.id)
+    moments = [
+        (await store.get_thread(thread.id)).created_at, current.created_at, current.started_at, current.ended_at,
+        (await store.get_message(user.id)).created_at, (await store.list_threads())[0].created_at,
+    ]
+    assert all(is_utc(m) for m in moments), moments
+    now = utcnow()
+    assert all(now - timedelta(minutes=1) < m <= now for m in moments)  # type: ignore[operator]
+    assert current.started_at <= current.ended_at  # type: ignore[operator]
