@@ -82,21 +82,14 @@ def _sync_postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database for synchronous fixtures (like :func:`postgres_url_for_test`)."""
     import asyncio
 
-    name = f"tether_t_{os.urandom(6).hex()}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=10)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
+    name = _new_database_name()
 
     def run(sql: str) -> None:  # in a thread: the caller may be inside a running event loop
         errors: list[BaseException] = []
 
         def target() -> None:
             try:
-                asyncio.run(admin(sql))
+                asyncio.run(_pg_admin(sql))
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
 
@@ -108,7 +101,7 @@ def _sync_postgres_url() -> Iterator[str]:
 
     run(f'CREATE DATABASE "{name}"')
     try:
-        yield sa.engine.make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+        yield _database_url(name)
     finally:
         run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -124,21 +117,29 @@ async def postgres_url_for_test() -> AsyncIterator[str]:
     An unreachable server is an error, never a skip: the PostgreSQL half of a suite must not
     pass by not running.
     """
-    admin_url = sa.engine.make_url(POSTGRES_ADMIN_URL)
-    name = f"tether_t_{os.urandom(6).hex()}"
-    admin = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=10)
+    name = _new_database_name()
+    await _pg_admin(f'CREATE DATABASE "{name}"')
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield _database_url(name)
     finally:
-        await admin.close()
+        await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _new_database_name() -> str:
+    return f"tether_t_{os.urandom(6).hex()}"
+
+
+def _database_url(name: str) -> str:
+    return sa.engine.make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+
+async def _pg_admin(sql: str) -> None:
+    """Run one statement on the admin database (CREATE/DROP DATABASE)."""
+    conn = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=10)
     try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
+        await conn.execute(sql)
     finally:
-        admin = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=10)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await conn.close()
 
 
 @pytest.fixture
