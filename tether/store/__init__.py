@@ -272,7 +272,7 @@ class Store(ReviewStoreMixin):
                 Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
             kwargs["connect_args"] = {"timeout": 30}
         else:
-            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+            kwargs.update(pool_size=5, max_overflow=10, pool_pre_ping=True)
         engine = create_async_engine(url, **kwargs)
         if engine.dialect.name == "sqlite":
             sa_event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
