@@ -882,3 +882,28 @@ async def test_timestamps_come_back_timezone_aware_utc_as_the_same_instant(store
     now = utcnow()
     assert all(now - timedelta(minutes=1) < m <= now for m in moments)  # type: ignore[operator]
     assert current.started_at <= current.ended_at  # type: ignore[operator]
+
+
+async def test_a_run_taken_over_by_another_store_can_no_longer_be_ended_or_parked_by_the_first(store: Store, database_url: str) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, _, _ = await start_run(store, thread)
+    assert await store.mark_running(run.id)
+    assert await store.renew_leases([run.id]) == {run.id}  # ours, and still held
+    async with another_store(database_url) as other:
+        # The first store stalls past its lease; the other one claims the run.
+        store.lease_s = other.lease_s = 0.05
+        assert await store.renew_leases([run.id]) == {run.id}
+        await asyncio.sleep(0.1)
+        claimed = await other.claim_abandoned()
+        assert [r.id for r in claimed] == [run.id] and claimed[0].executor_id == other.instance_id
+        # The first store learns it at its next renewal, and cannot finish or park the run.
+        assert await store.renew_leases([run.id]) == set()
+        final = stored(run.id, 2, Done(message_id=None))
+        assert not await store.finish_run(run.id, status="completed", final_event=final, from_statuses=("running",), as_executor=True)
+        assert not await store.open_interrupt(
+            InterruptRecord("int_stale", run.id, thread.id, "pending", [], [], {"calls": []}, None, None, utcnow(), utcnow() + HOUR, None),
+            stored(run.id, 2, Status(stage="x")),
+        )
+        assert (await store.get_run(run.id)).status == "running" and await store.last_seq(run.id) == 1
+        # The new owner can.
+        assert await other.finish_run(run.id, status="completed", final_event=final, from_statuses=("running",), as_executor=True)

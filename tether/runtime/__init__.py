@@ -44,6 +44,7 @@ class Runtime:
         self.bus = bus or LocalBus()
         self.sweep_interval_s = sweep_interval_s
         self._executors: dict[str, RunExecutor] = {}
+        self._run_tasks: dict[str, asyncio.Task[None]] = {}
         #: Runs that a cancel request of this process is finishing without an executor.
         self._finishing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -66,10 +67,17 @@ class Runtime:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _stop_task_of(self, run_id: str) -> None:
+        task = self._run_tasks.get(run_id)
+        if task is not None:
+            log.warning("run %s was taken over by another process; stopping here", run_id)
+            task.cancel()
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -80,7 +88,7 @@ class Runtime:
             return
         executor = RunExecutor(self.store, self.bus, self.agent, run, resume=resume, takeover=takeover)
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
-        self._spawn(self._drive(executor), f"run-{run.id}")
+        self._run_tasks[run.id] = self._spawn(self._drive(executor), f"run-{run.id}")
 
     async def _drive(self, executor: RunExecutor) -> None:
         try:
@@ -90,6 +98,7 @@ class Runtime:
         finally:
             if self._executors.get(executor.run.id) is executor:
                 del self._executors[executor.run.id]
+                self._run_tasks.pop(executor.run.id, None)
 
     def executing_count(self) -> int:
         """How many runs this process is executing now."""
@@ -152,7 +161,11 @@ class Runtime:
             await asyncio.sleep(interval)
             try:
                 local = [rid for rid, ex in self._executors.items() if not ex.parked]
-                await self.store.renew_leases(local)
+                held = await self.store.renew_leases(local)
+                for run_id in set(local) - held:
+                    # Taken over while we stalled: stop executing it, write nothing more
+                    # (an outside cancellation; the run now belongs to another process).
+                    self._stop_task_of(run_id)
                 for run_id in local:
                     executor = self._executors.get(run_id)
                     if executor is not None and executor.cancel_mode != "hard":

@@ -549,7 +549,7 @@ class RunExecutor:
         if status != "cancelled":
             final = self.log.seal(outcome)
             error = {"code": outcome.code, "message": outcome.message} if isinstance(outcome, RunError) else None
-            if await self.store.finish_run(self.run.id, status=status, final_event=final, from_statuses=allowed, error=error):
+            if await self.store.finish_run(self.run.id, status=status, final_event=final, from_statuses=allowed, error=error, as_executor=True):
                 self.log.publish_final(final)
                 return
             self.log.unseal(final)  # not written: its seq is still free
@@ -568,7 +568,7 @@ class RunExecutor:
             partial_message_id=self._partial_message_id,
         )
         final = self.log.seal(event)
-        if await self.store.finish_run(self.run.id, status="cancelled", final_event=final, from_statuses=("cancelling",)):
+        if await self.store.finish_run(self.run.id, status="cancelled", final_event=final, from_statuses=("cancelling",), as_executor=True):
             self.log.publish_final(final)
 
 

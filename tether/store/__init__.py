@@ -638,17 +638,21 @@ class Store(ReviewStoreMixin):
         error: dict[str, Any] | None = None,
         events_before: Sequence[StoredEvent] = (),
         audit_entries: Sequence[AuditEntry] = (),
+        as_executor: bool = False,
     ) -> bool:
         """Move the run to a terminal ``status`` and append its terminal event, in one transaction.
 
         Only succeeds while the run is in one of ``from_statuses``: this is what keeps a run that
-        is being cancelled from ever being committed as ``completed``.
+        is being cancelled from ever being committed as ``completed``. With ``as_executor`` it
+        also needs this process's claim on the run: an executor whose run was taken over (it
+        stalled past its lease) cannot end it.
         """
+        condition = [runs.c.id == run_id, runs.c.status.in_(from_statuses)]
+        if as_executor:
+            condition.append(runs.c.executor_id == self.instance_id)
         async with self._writing() as conn:
             result = await conn.execute(
-                runs.update()
-                .where(runs.c.id == run_id, runs.c.status.in_(from_statuses))
-                .values(status=status, ended_at=utcnow(), error=error)
+                runs.update().where(*condition).values(status=status, ended_at=utcnow(), error=error)
             )
             if result.rowcount != 1:
                 return False  # nothing was written
@@ -730,15 +734,19 @@ class Store(ReviewStoreMixin):
     def _lease_values(self) -> dict[str, Any]:
         return {"executor_id": self.instance_id, "lease_expires_at": utcnow() + timedelta(seconds=self.lease_s)}
 
-    async def renew_leases(self, run_ids: Sequence[str]) -> None:
-        """Extend this process's claim on the runs it executes."""
-        if run_ids:
-            async with self._writing() as conn:
-                await conn.execute(
-                    runs.update()
-                    .where(runs.c.id.in_(list(run_ids)), runs.c.executor_id == self.instance_id)
-                    .values(lease_expires_at=utcnow() + timedelta(seconds=self.lease_s))
-                )
+    async def renew_leases(self, run_ids: Sequence[str]) -> set[str]:
+        """Extend this process's claim on the runs it executes; returns the runs it still holds
+        (a run missing from the answer was taken over by another process)."""
+        if not run_ids:
+            return set()
+        async with self._writing() as conn:
+            result = await conn.execute(
+                runs.update()
+                .where(runs.c.id.in_(list(run_ids)), runs.c.executor_id == self.instance_id)
+                .values(lease_expires_at=utcnow() + timedelta(seconds=self.lease_s))
+                .returning(runs.c.id)
+            )
+            return {row[0] for row in result}
 
     async def claim_abandoned(self, *, limit: int = 20) -> list[RunRecord]:
         """Claim runs that need an executor and whose claim has lapsed (the process that

@@ -137,18 +137,20 @@ class ReviewStoreMixin:
     _writing: Callable[..., Any]
     _reading: Callable[..., Any]
     _announce: Callable[..., Any]
+    instance_id: str
     _lease_values: Callable[[], dict[str, Any]]
 
     async def open_interrupt(self, record: InterruptRecord, event: StoredEvent) -> bool:
         """Park a run: ``running → waiting_human``, insert the interrupt and its event, atomically.
 
-        False (nothing written) if the run was no longer ``running`` (a cancel came first).
+        False (nothing written) if the run was no longer ``running`` (a cancel came first) or no
+        longer this process's (taken over).
         """
         async with self._writing() as conn:
             # A waiting run belongs to no process: whoever resolves the interrupt executes it.
             result = await conn.execute(
                 runs.update()
-                .where(runs.c.id == record.run_id, runs.c.status == "running")
+                .where(runs.c.id == record.run_id, runs.c.status == "running", runs.c.executor_id == self.instance_id)
                 .values(status="waiting_human", executor_id=None, lease_expires_at=None)
             )
             if result.rowcount != 1:
