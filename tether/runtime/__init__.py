@@ -104,11 +104,6 @@ class Runtime:
         """How many runs this process is executing now."""
         return sum(1 for executor in self._executors.values() if not executor.parked)
 
-    def is_executing(self, run_id: str) -> bool:
-        """True while this process executes ``run_id``."""
-        executor = self._executors.get(run_id)
-        return executor is not None and not executor.parked
-
     async def cancel(self, run_id: str, *, mode: str = "soft", reason: str | None = None, actor: str = "anonymous") -> RunRecord:
         """Explicitly cancel a run (the only way a run becomes ``cancelled``).
 

@@ -44,23 +44,17 @@ class PostgresBus(LocalBus):
         self.on_control: Callable[[dict[str, Any]], None] | None = None
         self._conn: asyncpg.Connection | None = None
         self._supervisor: asyncio.Task[None] | None = None
-        self._connected = asyncio.Event()
 
     async def start(self) -> None:
         """Connect and listen (then keep the connection up in an owned task)."""
         await self._connect()
         self._supervisor = asyncio.create_task(self._supervise(), name="pgbus-supervisor")
 
-    async def wait_for_connection(self) -> None:
-        """Wait until the listening connection is up."""
-        await self._connected.wait()
-
     async def _connect(self) -> None:
         conn = await asyncpg.connect(self._dsn)
         await conn.add_listener(EVENTS_CHANNEL, self._on_events)
         await conn.add_listener(CONTROL_CHANNEL, self._on_control)
         self._conn = conn
-        self._connected.set()
 
     async def _supervise(self) -> None:
         backoff = 0.1
@@ -69,7 +63,6 @@ class PostgresBus(LocalBus):
             if self._conn is not None and not self._conn.is_closed():
                 backoff = 0.1
                 continue
-            self._connected.clear()
             try:
                 await self._connect()
             except (OSError, asyncpg.PostgresError) as exc:
