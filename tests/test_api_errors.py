@@ -465,3 +465,20 @@ def test_fuzzed_bodies_never_get_a_5xx_and_leave_a_sound_server(server: LiveServ
             assert (run["status"], log[-1]["type"]) in (("completed", "done"), ("cancelled", "cancelled")), (run, log[-1])
     finally:
         http.close()
+
+
+async def test_a_nul_character_in_an_id_or_query_is_a_clean_4xx_on_every_backend(server: LiveServer) -> None:
+    # PostgreSQL refuses NUL in text: it must never reach the database as a lookup key.
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        thread = (await http.post("/v1/threads", json={})).json()["id"]
+        for method, path in (("POST", "/v1/runs/run_x%00/cancel"), ("GET", "/v1/threads/thr%00"), ("GET", "/v1/runs/%00/events")):
+            response = await http.request(method, path, json={})
+            assert_error(response, 404, "not_found")
+        assert_error(await http.get("/v1/audit", params={"thread_id": "a\x00b"}), 422, "validation_error")
+        for method, path, body in (
+            ("POST", f"/v1/threads/{thread}/runs", {"input": {"content": "x"}, "parent_id": "m\x00"}),
+            ("PUT", f"/v1/threads/{thread}/active_leaf", {"message_id": "m\x00"}),
+            ("POST", f"/v1/threads/{thread}/resume", {"interrupt_id": "i\x00", "decisions": [{"decision": "approve"}]}),
+        ):
+            assert_error(await http.request(method, path, json=body), 422, "validation_error")
+        assert (await http.get(f"/v1/threads/{thread}")).json()["active_run_id"] is None  # nothing was started

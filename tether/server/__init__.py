@@ -19,6 +19,7 @@ from ..runtime.pgbus import PostgresBus
 from ..store import Store
 from . import metrics, review, runs, threads
 from ._errors import install_error_handlers
+from ._guard import RefuseNul
 from .ui import install_ui
 
 __all__ = ["create_app"]
@@ -71,6 +72,7 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0, lease_s: 
     app = FastAPI(title="Tether", version=__version__, lifespan=lifespan)
     app.state.sse_ping_s = sse_ping_s
     install_error_handlers(app)
+    app.add_middleware(RefuseNul)
     app.include_router(threads.router)
     app.include_router(threads.messages_router)
     app.include_router(runs.router)

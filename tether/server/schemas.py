@@ -86,7 +86,7 @@ class CreateRun(BaseModel):
     input: RunInput | None = None
     #: Where the new user message attaches. Absent: the thread's active leaf. ``null``: a new
     #: root (editing the first message). A user message and no ``input``: regenerate its answer.
-    parent_id: str | None = Field(default=None, max_length=64)
+    parent_id: Text | None = Field(default=None, max_length=64)
     config: RunConfig = Field(default_factory=RunConfig)
 
 
@@ -94,7 +94,7 @@ class SetActiveLeaf(BaseModel):
     """``PUT /v1/threads/{id}/active_leaf``."""
 
     model_config = _STRICT
-    message_id: str = Field(min_length=1, max_length=64)
+    message_id: Text = Field(min_length=1, max_length=64)
 
 
 class MessageContent(BaseModel):
@@ -156,5 +156,5 @@ class ResumeThread(BaseModel):
     """``POST /v1/threads/{id}/resume``: one decision per action of the interrupt, in order."""
 
     model_config = _STRICT
-    interrupt_id: str = Field(min_length=1, max_length=64)
+    interrupt_id: Text = Field(min_length=1, max_length=64)
     decisions: list[DecisionBody] = Field(min_length=1, max_length=100)
