@@ -13,7 +13,7 @@ import asyncio
 import random
 from contextlib import aclosing
 from types import TracebackType
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import httpx
 from httpx_sse import aconnect_sse
@@ -21,7 +21,7 @@ from httpx_sse import aconnect_sse
 from .errors import TetherError
 from .events import Envelope
 
-__all__ = ["AsyncClient", "APIError"]
+__all__ = ["AsyncClient", "Client", "APIError"]
 
 
 class APIError(TetherError):
@@ -238,3 +238,65 @@ class AsyncClient:
         async for _ in self.stream(run_id):
             pass
         return await self.get_run(run_id)
+
+
+class Client:
+    """A synchronous client: :class:`AsyncClient`'s methods, run on a private event loop thread.
+
+    Every method of :class:`AsyncClient` is available with the same arguments and returns its
+    result; :meth:`stream` is a plain generator with the same reconnect guarantees::
+
+        with Client("http://127.0.0.1:8000") as client:
+            thread = client.create_thread()
+            run = client.start_run(thread["id"], "order A100")
+            for event in client.stream(run["id"]):
+                print(event.type, event.data)
+    """
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", **options: Any) -> None:
+        import threading
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tether-client", daemon=True)
+        self._thread.start()
+        self._async = self._call(self._make(base_url, options))
+
+    @staticmethod
+    async def _make(base_url: str, options: dict[str, Any]) -> AsyncClient:
+        return AsyncClient(base_url, **options)
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._async, name)
+        if not asyncio.iscoroutinefunction(method):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self._call(method(*args, **kwargs))
+
+    def stream(self, run_id: str, *, after_seq: int = 0) -> Iterator[Envelope]:
+        """Like :meth:`AsyncClient.stream`, as a generator."""
+        events = self._async.stream(run_id, after_seq=after_seq)
+        try:
+            while True:
+                try:
+                    yield self._call(events.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._call(events.aclose())
+
+    def close(self) -> None:
+        """Close the connections and stop the loop thread."""
+        try:
+            self._call(self._async.aclose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
