@@ -212,3 +212,19 @@ class ServerProcess:
 def script(*steps: dict[str, Any]) -> str:
     """A user message that makes ScriptedModel play ``steps`` (one per model call)."""
     return json.dumps({"script": list(steps)})
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ServerProcess]]:
+    """Started server processes, all stopped at the end (a killed one is already gone)."""
+    started: list[ServerProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+def start_server(processes: list[ServerProcess], tmp_path: Path) -> ServerProcess:
+    """Start ``tether demo`` on the SQLite file of ``tmp_path`` (restarts reuse the database)."""
+    process = ServerProcess(sqlite_url(tmp_path), tmp_path / f"server-{len(processes)}.log")
+    processes.append(process)
+    return process.start()

@@ -10,7 +10,6 @@ lapses. Live events cross processes through LISTEN/NOTIFY.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any, AsyncIterator
 

@@ -9,36 +9,20 @@ it had streamed stays, flagged ``failed``; and the thread is usable again.
 from __future__ import annotations
 
 import asyncio
-import json
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator
 
 import httpx
 import pytest
 
 from tether.events import TERMINAL_TYPES, Envelope
 
-from .conftest import ServerProcess, script, sqlite_url
+from .conftest import ServerProcess, script, start_server
 
 pytestmark = pytest.mark.anyio
 
 SSE = {"Accept": "text/event-stream"}
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[list[ServerProcess]]:
-    """Started server processes, all stopped at the end (a killed one is already gone)."""
-    started: list[ServerProcess] = []
-    yield started
-    for process in started:
-        process.stop()
-
-
-def start_server(processes: list[ServerProcess], tmp_path: Path) -> ServerProcess:
-    process = ServerProcess(sqlite_url(tmp_path), tmp_path / f"server-{len(processes)}.log")
-    processes.append(process)
-    return process.start()
 
 
 async def replay(http: httpx.AsyncClient, run_id: str) -> tuple[bytes, bytes]:

@@ -13,7 +13,7 @@ import asyncio
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +21,7 @@ import pytest
 from tether.client import APIError, AsyncClient
 from tether.events import TERMINAL_TYPES
 
-from .conftest import ServerProcess, script, sqlite_url
+from .conftest import ServerProcess, script, start_server
 
 pytestmark = pytest.mark.anyio
 
@@ -32,21 +32,6 @@ LOOKUP_AND_REFUND = script(
     ]},
     {"text": "All settled."},
 )
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ServerProcess]]:
-    """Started server processes, all stopped at the end (a killed one is already gone)."""
-    started: list[ServerProcess] = []
-    yield started
-    for process in started:
-        process.stop()
-
-
-def start_server(processes: list[ServerProcess], tmp_path: Path) -> ServerProcess:
-    process = ServerProcess(sqlite_url(tmp_path), tmp_path / f"server-{len(processes)}.log")
-    processes.append(process)
-    return process.start()
 
 
 async def read_log(http: httpx.AsyncClient, run_id: str) -> list[dict[str, Any]]:

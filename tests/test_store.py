@@ -57,11 +57,8 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
 @pytest.fixture
 async def store(database_url: str) -> AsyncIterator[Store]:
     """A store opened (and so migrated) on the empty database."""
-    opened = await Store.open(database_url)
-    try:
+    async with another_store(database_url) as opened:
         yield opened
-    finally:
-        await opened.aclose()
 
 
 @contextlib.asynccontextmanager
