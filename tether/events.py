@@ -84,6 +84,8 @@ class ToolCall(Event):
     args: dict[str, Any]
     risk: Literal["read_only", "reversible", "destructive"]
     gated: bool
+    #: The assistant message (model turn) that asked for the call.
+    message_id: str | None = None
 
 
 ToolStatus = Literal["ok", "error", "rejected", "expired", "responded", "cancelled", "unknown"]

@@ -150,6 +150,8 @@ class RunExecutor:
 
     async def _take_steering(self, history: list[ChatMessage]) -> None:
         """Attach queued corrections to the tree (after the current leaf) and the history."""
+        if self._steering:
+            await self.log.wait_for_idle()  # their ``user_message`` events first
         while self._steering:
             message_id, content = self._steering.pop(0)
             record = MessageRecord(message_id, self.run.thread_id, self._leaf_id, self.run.id, "user", content)
@@ -180,6 +182,9 @@ class RunExecutor:
                 recovered = await self._recover_checkpoint()
                 if recovered is WAITING:
                     return
+                if isinstance(recovered, Event):
+                    await self._finish(recovered)
+                    return
                 history = recovered  # type: ignore[assignment]
             outcome = await self._loop(history)
             if outcome is not WAITING:
@@ -198,7 +203,7 @@ class RunExecutor:
             if self.cancel_mode:
                 return self._cancelled_event()
             await self._take_steering(history)
-            message_id, text, calls, failure = await self._model_turn(ModelRequest(system + history, tool_specs))
+            message_id, text, calls, items, failure = await self._model_turn(ModelRequest(system + history, tool_specs))
             if failure is not None:
                 return failure
             if self.cancel_mode and not calls:
@@ -216,7 +221,7 @@ class RunExecutor:
                     continue  # a correction arrived during the last turn: one more model call
                 self.accepting_messages = False
                 return Done(message_id=message_id)
-            results = await self._handle_calls(calls)
+            results = await self._handle_calls(items)
             if results is WAITING:
                 return WAITING
             history.extend(results)  # type: ignore[arg-type]
@@ -224,8 +229,13 @@ class RunExecutor:
                 return self._cancelled_event()
         return RunError(code="max_steps_exceeded", message=f"the run made {max_steps} model calls without finishing")
 
-    async def _model_turn(self, request: ModelRequest) -> tuple[str, str, list[ToolCallRequest], Event | None]:
-        """One model call: stream deltas as events, store the assistant message."""
+    async def _model_turn(self, request: ModelRequest) -> tuple[str, str, list[ToolCallRequest], list[dict[str, Any]], Event | None]:
+        """One model call: stream deltas as events, announce the calls, store the assistant message.
+
+        The message's final state is stored only once every event announcing it (its tokens and
+        its ``tool_call`` events) is durable, so a crash can never leave a stored turn ahead of
+        what clients were shown (see :meth:`_store_turn`).
+        """
         message = MessageRecord(new_id("msg"), self.run.thread_id, self._leaf_id, self.run.id, "assistant", "", status="partial")
         await self.store.add_message(message)
         self._leaf_id = message.id
@@ -259,23 +269,34 @@ class RunExecutor:
                 self._model_scope = None
         text = "".join(parts)
         if scope.cancel_called and failure is None:
-            await self.store.update_message(message.id, content=text, status="cancelled")
-            return message.id, text, [], None
+            await self._store_turn(message.id, content=text, status="cancelled")
+            return message.id, text, [], [], None
         if failure is not None:
-            await self.store.update_message(message.id, content=text, status="failed")
-            return message.id, text, [], failure
+            await self._store_turn(message.id, content=text, status="failed")
+            return message.id, text, [], [], failure
+        items = self._announce_calls(message.id, calls)
         stored_calls = [self._stored_call(c) for c in calls]
-        await self.store.update_message(message.id, content=text, status="complete", tool_calls=stored_calls or None)
+        await self._store_turn(message.id, content=text, status="complete", tool_calls=stored_calls or None)
         self._partial_message_id = None
-        return message.id, text, calls, None
+        return message.id, text, calls, items, None
+
+    async def _store_turn(self, message_id: str, **values: Any) -> None:
+        """Store a model turn's final state once the events announcing it are durable.
+
+        The event log is the truth: a crash between the two writes leaves a ``partial`` message
+        whose announced part recovery reads back from the log, never a stored turn that clients
+        were not shown.
+        """
+        await self.log.wait_for_idle()
+        await self.store.update_message(message_id, **values)
 
     def _stored_call(self, call: ToolCallRequest) -> dict[str, Any]:
         return {"id": call.id, "name": call.name, "args": _json_safe(_masked_args(self.agent.tools.get(call.name), call.args))}
 
     # -- tools -------------------------------------------------------------------------------
 
-    async def _handle_calls(self, calls: list[ToolCallRequest]) -> list[ChatMessage] | object:
-        """Validate and announce every call; run the ungated ones; park on the gated ones."""
+    def _announce_calls(self, message_id: str, calls: list[ToolCallRequest]) -> list[dict[str, Any]]:
+        """Validate every call of a turn and emit its ``tool_call`` event; return the call items."""
         threshold = self.config.approval_threshold
         items: list[dict[str, Any]] = []
         for call in calls:
@@ -294,9 +315,13 @@ class RunExecutor:
             self.log.emit(
                 ToolCall(
                     call_id=call.id, name=call.name, args=_json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
-                    risk=tool.risk if tool else "read_only", gated=item["gated"],
+                    risk=tool.risk if tool else "read_only", gated=item["gated"], message_id=message_id,
                 )
             )
+        return items
+
+    async def _handle_calls(self, items: list[dict[str, Any]]) -> list[ChatMessage] | object:
+        """Answer the invalid calls; run the ungated ones; park on the gated ones."""
         for item in items:
             if item["status"] == "error":
                 self.log.emit(tool_result_event(item))
@@ -387,6 +412,7 @@ class RunExecutor:
             if item["status"] is None:
                 item.update(status="cancelled", reason="run cancelled before it ran")
                 self.log.emit(tool_result_event(item))
+        await self.log.wait_for_idle()  # results are stored only once they are announced
         history: list[ChatMessage] = []
         for item in items:
             record = tool_message(item, thread_id=self.run.thread_id, run_id=self.run.id, parent_id=self._leaf_id)
@@ -427,35 +453,62 @@ class RunExecutor:
 
     # -- takeover ----------------------------------------------------------------------------
 
-    async def _recover_checkpoint(self) -> list[ChatMessage] | object:
-        """Continue a run whose process died, from its last checkpoint (DESIGN §9).
+    async def _recover_checkpoint(self) -> list[ChatMessage] | Event | object:
+        """Continue a run whose process died, from its last checkpoint.
 
-        Checkpoints are the step boundaries the store already has: complete messages and
-        announced tool results. The half-finished model turn is dropped (kept as a ``failed``
-        sibling, off the active path) and announced with a ``status: recovering`` event naming
-        it, so clients discard its tokens. Tool calls of the last turn that have no result:
-        read-only ones run again; any other one may have had its effect, so it is never re-run
-        on its own: it goes back to a human as a new interrupt marked ``outcome_unknown``.
+        The event log is the truth: what the store holds is repaired toward what was logged
+        (what clients could see), never the other way round. Checkpoints are the step
+        boundaries the store and the log agree on: complete messages whose text and tool calls
+        were all announced, and tool results that were logged.
+
+        - A tool message of this run whose ``tool_result`` was never logged is cut off the path;
+          its call counts as unanswered.
+        - The last model turn, if the store is not sure it ended (``partial``, ``failed``, or
+          ``complete`` but ahead of the log): when its ``tool_call`` events were logged, its
+          stream had ended, so it is rebuilt from the log (text and calls) as ``complete``.
+          Otherwise it is half-finished: dropped (kept as a ``failed`` sibling, off the active
+          path) and announced with a ``status: recovering`` event naming it, so clients discard
+          its tokens; in a cancelling run it is kept, flagged ``cancelled``.
+        - Unanswered calls of the last turn: read-only ones run again; a gated one that was
+          never put to a human is put to one now; any other one may have had its effect, so it
+          is never re-run on its own: it goes back to a human as a new interrupt marked
+          ``outcome_unknown``.
+        - A final answer that was stored and announced, with only its ``done`` lost, is not
+          asked for again: the run ends with ``done`` naming it.
         """
-        tokens, results = await self._scan_log()
+        logged = await _LoggedRun.read(self.store, self.run.id)
         thread = await self.store.get_thread(self.run.thread_id)
         path = await self.store.path_to(self.run.thread_id, thread.active_leaf_id)
+        cut = next((i for i, m in enumerate(path) if m.run_id == self.run.id and m.role == "tool" and m.tool_call_id not in logged.results), None)
+        if cut is not None:
+            path = path[:cut]
+            await self.store.move_active_leaf(self.run.thread_id, path[-1].id if path else None)
         discarded: str | None = None
-        if path and path[-1].role == "assistant" and path[-1].status == "partial" and path[-1].run_id == self.run.id:
-            half = path[-1]
-            text = "".join(tokens.get(half.id, []))
-            if self.cancel_mode:  # the run ends here: its partial answer stays, flagged
-                await self.store.update_message(half.id, content=text, status="cancelled")
-                self._partial_message_id = half.id
+        last = path[-1] if path else None
+        if last is not None and last.role == "assistant" and last.run_id == self.run.id and not logged.agrees_with(last):
+            text = logged.text_of(last.id)
+            announced = logged.calls.get(last.id)
+            if announced:
+                calls = [{"id": c["call_id"], "name": c["name"], "args": c["args"]} for c in announced]
+                await self.store.update_message(last.id, content=text, status="complete", tool_calls=calls)
+            elif self.cancel_mode:  # the run ends here: its partial answer stays, flagged
+                await self.store.update_message(last.id, content=text, status="cancelled")
+                self._partial_message_id = last.id
             else:
                 path.pop()
-                await self.store.update_message(half.id, content=text, status="failed")
+                await self.store.update_message(last.id, content=text, status="failed")
                 await self.store.move_active_leaf(self.run.thread_id, path[-1].id if path else None)
-                discarded = half.id
+                discarded = last.id
         self.log.emit(
             Status(stage="recovering", detail="continuing from the last checkpoint after the server stopped", discard_message_id=discarded)
         )
         self._leaf_id = path[-1].id if path else None
+        path = await self.store.path_to(self.run.thread_id, self._leaf_id)
+        last = path[-1] if path else None
+        if last is not None and last.role == "assistant" and last.run_id == self.run.id and last.status == "complete" and not last.tool_calls:
+            # The final answer was stored and announced; only its ``done`` was lost.
+            self.accepting_messages = False
+            return Done(message_id=last.id)
         turn = next(
             (i for i in range(len(path) - 1, -1, -1) if path[i].role == "assistant" and path[i].tool_calls and path[i].run_id == self.run.id),
             None,
@@ -464,12 +517,12 @@ class RunExecutor:
             answered = {m.tool_call_id for m in path[turn + 1 :] if m.role == "tool"}
             missing = [c for c in path[turn].tool_calls or () if c["id"] not in answered]
             if missing:
-                parked = await self._recover_calls(missing, results)
+                parked = await self._recover_calls(missing, logged)
                 if parked:
                     return WAITING
         return to_chat_messages(await self.store.path_to(self.run.thread_id, self._leaf_id))
 
-    async def _recover_calls(self, missing: list[dict[str, Any]], results: dict[str, dict[str, Any]]) -> bool:
+    async def _recover_calls(self, missing: list[dict[str, Any]], logged: _LoggedRun) -> bool:
         """Settle the calls a dead process left without a stored result; True if parked."""
         latest = await self.store.latest_interrupt(self.run.id)
         known = {c["id"]: c for c in (latest.turn["calls"] if latest is not None else [])}
@@ -483,8 +536,9 @@ class RunExecutor:
             items.append(item)
             decision = (real or {}).get("decision") or {}
             args_known = real is not None or (tool is not None and not tool.sensitive_args)
-            if call["id"] in results:  # finished and announced before the crash
-                data = results[call["id"]]
+            announced = logged.announced.get(call["id"])
+            if call["id"] in logged.results:  # finished and announced before the crash
+                data = logged.results[call["id"]]
                 item.update(status=data["status"], result=data.get("result"), error=data.get("error"), reason=data.get("reason"))
             elif tool is None:
                 item.update(status="error", error=f"unknown tool {call['name']!r}")
@@ -495,6 +549,10 @@ class RunExecutor:
                 self.log.emit(tool_result_event(item))
             elif tool.risk == "read_only" and args_known:
                 to_run.append(item)
+            elif real is None and announced is not None and announced.get("gated") and args_known:
+                # Gated and never put to a human, so it never ran: it goes to review as usual.
+                item.update(gated=True)
+                to_review.append(item)
             elif args_known:
                 item.update(gated=True, outcome_unknown=True)
                 to_review.append(item)
@@ -507,22 +565,6 @@ class RunExecutor:
         await self._settle(items)
         return False
 
-    async def _scan_log(self) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
-        """Token texts per message and tool results per call, from the run's stored events."""
-        tokens: dict[str, list[str]] = {}
-        results: dict[str, dict[str, Any]] = {}
-        after = 0
-        while page := await self.store.read_events(self.run.id, after_seq=after, limit=5000):
-            after = page[-1].seq
-            for stored in page:
-                if stored.type == "token":
-                    data = json.loads(stored.envelope)["data"]
-                    tokens.setdefault(data["message_id"], []).append(data["text"])
-                elif stored.type == "tool_result":
-                    data = json.loads(stored.envelope)["data"]
-                    results[data["call_id"]] = data
-        return tokens, results
-
     # -- the end -----------------------------------------------------------------------------
 
     def _cancelled_event(self) -> Event:
@@ -531,10 +573,10 @@ class RunExecutor:
     async def _finish(self, outcome: Event) -> None:
         """Commit the terminal event with the final status; a requested cancel always wins."""
         self.accepting_messages = False
-        if self._steering:  # announced corrections are never dropped: they join the tree
-            await self._take_steering([])
         try:
             await self.log.wait_for_idle()
+            if self._steering:  # announced corrections are never dropped: they join the tree
+                await self._take_steering([])
         except RuntimeError:
             # The log could not commit: end the run right after what *is* stored, so followers
             # still get a terminal event and seq stays gapless.
@@ -570,6 +612,51 @@ class RunExecutor:
         final = self.log.seal(event)
         if await self.store.finish_run(self.run.id, status="cancelled", final_event=final, from_statuses=("cancelling",), as_executor=True):
             self.log.publish_final(final)
+
+
+class _LoggedRun:
+    """What a run's event log announced: the ground truth that recovery repairs the store to."""
+
+    def __init__(self) -> None:
+        #: Token texts per assistant message.
+        self.tokens: dict[str, list[str]] = {}
+        #: ``tool_call`` data per assistant message, in order, and per call id.
+        self.calls: dict[str, list[dict[str, Any]]] = {}
+        self.announced: dict[str, dict[str, Any]] = {}
+        #: ``tool_result`` data per call id.
+        self.results: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    async def read(cls, store: Store, run_id: str) -> _LoggedRun:
+        logged = cls()
+        after = 0
+        while page := await store.read_events(run_id, after_seq=after, limit=5000):
+            after = page[-1].seq
+            for stored in page:
+                if stored.type not in ("token", "tool_call", "tool_result"):
+                    continue
+                data = json.loads(stored.envelope)["data"]
+                if stored.type == "token":
+                    logged.tokens.setdefault(data["message_id"], []).append(data["text"])
+                elif stored.type == "tool_call":
+                    logged.announced[data["call_id"]] = data
+                    if data.get("message_id"):
+                        logged.calls.setdefault(data["message_id"], []).append(data)
+                else:
+                    logged.results[data["call_id"]] = data
+        return logged
+
+    def text_of(self, message_id: str) -> str:
+        """The text announced for a message."""
+        return "".join(self.tokens.get(message_id, ()))
+
+    def agrees_with(self, message: MessageRecord) -> bool:
+        """True if a stored turn is ``complete`` and everything in it was announced."""
+        return (
+            message.status in ("complete", "cancelled")
+            and message.content == self.text_of(message.id)
+            and all(c["id"] in self.announced for c in message.tool_calls or ())
+        )
 
 
 def _masked_args(tool: Tool | None, args: dict[str, Any] | str) -> Any:
