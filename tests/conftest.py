@@ -106,7 +106,7 @@ def _sync_postgres_url() -> Iterator[str]:
         run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-#: The PostgreSQL server tests create their databases on (CI starts one; trust auth).
+#: The PostgreSQL server tests create their databases on (trust auth; ``scripts/test`` makes sure one answers).
 POSTGRES_ADMIN_URL = os.environ.get("TETHER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

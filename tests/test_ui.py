@@ -6,7 +6,7 @@ approved is the refund the shop executed, the text on screen is the stored messa
 byte, a lost network shows "reconnecting" and never "stopped", and a stopped run is
 ``cancelled`` on the server with nothing streamed after its ``cancelled`` event.
 
-Chromium is Debian's (``/usr/bin/chromium``; ``.ci/run`` installs it): Playwright never
+Chromium is Debian's (``/usr/bin/chromium``; ``scripts/test`` installs it): Playwright never
 downloads a browser of its own. With ``TETHER_UI_SCREENSHOTS=docs/ui`` the tests also save
 screenshots of the main states (that is how the ones in ``docs/ui/`` were made).
 """

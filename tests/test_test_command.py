@@ -1,0 +1,101 @@
+"""``scripts/test``'s throwaway PostgreSQL cluster: started, used by the tests, then gone.
+
+A machine without a PostgreSQL server gets one from the installed binaries for the length of
+the command. ``TETHER_TEST_POSTGRES=throwaway`` forces that path here, beside the running
+server, so it is proven without stopping anything: a real PostgreSQL test passes on the
+cluster, and once the command ends (normally, or by Ctrl-C in the middle of pytest) no
+process of the cluster is left, its port is closed and its directory is removed.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "test"
+#: One real PostgreSQL test, run by the inner pytest on the throwaway cluster.
+PG_TEST = "tests/test_store.py::test_opening_an_empty_database_creates_the_whole_schema_at_the_latest_revision[postgresql]"
+CLUSTER_LINE = re.compile(r"^== postgresql: throwaway cluster in (\S+) on port (\d+)", re.MULTILINE)
+
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("initdb") is None and not glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        reason="no PostgreSQL binaries to start a throwaway cluster with",
+    ),
+    # Missing, the script would install it; a test does not install system packages.
+    pytest.mark.skipif(not os.access("/usr/bin/chromium", os.X_OK), reason="/usr/bin/chromium is missing"),
+]
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "TETHER_TEST_POSTGRES": "throwaway", "TETHER_TEST_SKIP_INSTALL": "1", "PYTHON": sys.executable}
+    env.pop("TETHER_TEST_POSTGRES_URL", None)
+    return env
+
+
+def _assert_gone(directory: str, port: int) -> None:
+    assert not os.path.exists(directory), f"{directory} was left behind"
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, f"something still listens on port {port}"
+    left = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            if directory.encode() in Path(cmdline).read_bytes():
+                left.append(cmdline)
+        except OSError:  # the process ended meanwhile
+            pass
+    assert not left, f"processes of the cluster still run: {left}"
+
+
+def test_a_throwaway_cluster_serves_the_tests_and_is_gone_afterwards() -> None:
+    done = subprocess.run(
+        [str(SCRIPT), "-q", "-p", "no:cacheprovider", PG_TEST],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    match = CLUSTER_LINE.search(done.stdout)
+    assert match is not None, output
+    assert "1 passed" in done.stdout, output
+    assert "== postgresql: throwaway cluster stopped and removed" in done.stdout, output
+    _assert_gone(match.group(1), int(match.group(2)))
+
+
+def test_ctrl_c_in_the_middle_of_pytest_still_removes_the_cluster() -> None:
+    # Its own process group, which gets the SIGINT as a terminal's Ctrl-C would send it.
+    proc = subprocess.Popen(
+        [str(SCRIPT), "-q", "-p", "no:cacheprovider", "tests/test_store.py", "-k", "postgresql"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("== pytest"):
+                break
+        match = CLUSTER_LINE.search("".join(lines))
+        assert match is not None, "".join(lines)
+        time.sleep(3)  # into the tests (they take well over ten seconds)
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = "".join(lines) + rest
+    assert proc.returncode != 0, output  # interrupted, not finished
+    assert "== postgresql: throwaway cluster stopped and removed" in output, output
+    _assert_gone(match.group(1), int(match.group(2)))
