@@ -17,13 +17,14 @@ from typing import Any, Sequence
 from .._ids import utcnow
 from ..agent import Agent
 from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
-from ..events import Cancelled, Envelope, Event, Resumed, format_ts
-from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, args_digest, run_record
+from ..events import Envelope, Event, Resumed, format_ts
+from ..store import AuditEntry, InterruptRecord, RunRecord, Store, StoredEvent, args_digest, run_record
 from .bus import LocalBus, Subscription
 from .config import RunConfig
 from .follow import follow_run
 from .review import check_decisions
-from .runner import RunExecutor, tool_message, tool_result_event
+from ._turn import ParkedTurn, turn_messages
+from .runner import RunExecutor, cancelled_event
 
 __all__ = ["Runtime", "RunConfig", "LocalBus", "Subscription", "follow_run"]
 
@@ -174,30 +175,21 @@ class Runtime:
 
     async def _cancel_without_executor(self, record: RunRecord) -> None:
         """Finish a cancelling run that no task executes; a pending interrupt's gated calls
-        get ``cancelled`` results and never run."""
+        get ``cancelled`` results and never run. Results, tool messages, queued corrections
+        and the ``cancelled`` event are those an executor would write (one copy: ``_turn``)."""
         seq = await self.store.last_seq(record.id) + 1
         before: list[StoredEvent] = []
         pending = await self.store.pending_interrupts(run_ids=[record.id])
         if pending:
-            interrupt = pending[0]
-            items = interrupt.turn["calls"]
-            parent = interrupt.turn["assistant_message_id"]
-            for item in items:
-                if item["status"] is None:
-                    item.update(status="cancelled", reason="run cancelled while waiting for review")
-                    before.append(_stored(record.id, seq, tool_result_event(item)))
-                    seq += 1
-            for item in items:
-                message = tool_message(item, thread_id=record.thread_id, run_id=record.id, parent_id=parent)
-                await self.store.add_message(message)
-                parent = message.id
+            turn = ParkedTurn.from_json(pending[0].turn)
+            for call in turn.settle_unrun("run cancelled while waiting for review"):
+                before.append(_stored(record.id, seq, call.result_event()))
+                seq += 1
             # Corrections queued before the pause were announced (``user_message``), so they are
             # never dropped: they join the tree after the results, where a resume puts them.
-            for message_id, content in interrupt.turn.get("steering", []):
-                await self.store.add_message(MessageRecord(message_id, record.thread_id, parent, record.id, "user", content))
-                parent = message_id
-        event = Cancelled(mode=record.cancel_mode or "soft", reason=record.cancel_reason, actor=record.cancel_actor, partial_message_id=None)  # type: ignore[arg-type]
-        await self._write_final(record.id, _stored(record.id, seq, event), "cancelled", ("cancelling",), None, before)
+            for message in turn_messages(turn.calls, turn.steering, thread_id=record.thread_id, run_id=record.id, parent_id=turn.assistant_message_id):
+                await self.store.add_message(message)
+        await self._write_final(record.id, _stored(record.id, seq, cancelled_event(record)), "cancelled", ("cancelling",), None, before)
 
     async def _write_final(
         self, run_id: str, final: StoredEvent, status: str, allowed: tuple[str, ...], error: dict[str, Any] | None,
@@ -238,28 +230,28 @@ class Runtime:
             )
         if interrupt.status != "pending":
             raise InterruptResolved(f"interrupt {interrupt_id!r} is already {interrupt.status}", details={"status": interrupt.status})
-        items = interrupt.turn["calls"]
-        gated = [i for i in items if i["gated"] and i["status"] is None]
+        turn = ParkedTurn.from_json(interrupt.turn)
+        gated = turn.undecided
         normalised = check_decisions(self.agent.tools, gated, decisions)
         public: list[dict[str, Any]] = []
         entries: list[AuditEntry] = []
-        for item, decision in zip(gated, normalised):
-            item["decision"] = decision
-            tool = self.agent.tools[item["name"]]
+        for call, decision in zip(gated, normalised):
+            call.decision = decision
+            tool = self.agent.tools[call.name]
             shown = {k: v for k, v in decision.items() if k != "args"}
             details: dict[str, Any] | None = None
             if decision["decision"] == "edit":
                 shown["args"] = tool.mask(decision["args"])
-                details = {"original_args": tool.mask(item["args"]), "edited_args": shown["args"]}
+                details = {"original_args": tool.mask(call.args), "edited_args": shown["args"]}
             public.append(shown)
             entries.append(
                 AuditEntry(
-                    "decision", actor, thread_id, interrupt.run_id, interrupt_id, item["id"], item["name"],
-                    args_digest(tool.mask(item["args"])), decision=decision["decision"], reason=decision.get("reason"), outcome="accepted", details=details,
+                    "decision", actor, thread_id, interrupt.run_id, interrupt_id, call.id, call.name,
+                    args_digest(tool.mask(call.args)), decision=decision["decision"], reason=decision.get("reason"), outcome="accepted", details=details,
                 )
             )
         resolved, event, run_row = await self.store.leave_pending(
-            interrupt_id, to_status="resolved", now=now, decisions=public, turn=interrupt.turn, actor=actor,
+            interrupt_id, to_status="resolved", now=now, decisions=public, turn=turn.to_json(), actor=actor,
             make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public)),
             audit_entries=entries,
         )
@@ -272,17 +264,18 @@ class Runtime:
     async def expire(self, interrupt: InterruptRecord) -> bool:
         """Expire a due interrupt: its gated actions are rejected as ``expired`` and the run
         goes on so the model can wrap up. False if someone else settled it first."""
-        gated = [i for i in interrupt.turn["calls"] if i["gated"] and i["status"] is None]
-        for item in gated:
-            item["decision"] = {"call_id": item["id"], "decision": "expired"}
-        public = [{"call_id": i["id"], "decision": "expired"} for i in gated]
+        turn = ParkedTurn.from_json(interrupt.turn)
+        gated = turn.undecided
+        public = [{"call_id": c.id, "decision": "expired"} for c in gated]
+        for call, decision in zip(gated, public):
+            call.decision = decision
         try:
             resolved, event, run_row = await self.store.leave_pending(
-                interrupt.id, to_status="expired", now=utcnow(), decisions=public, turn=interrupt.turn, actor="system",
+                interrupt.id, to_status="expired", now=utcnow(), decisions=public, turn=turn.to_json(), actor="system",
                 make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public)),
                 audit_entries=[
-                    AuditEntry("expired", "system", interrupt.thread_id, interrupt.run_id, interrupt.id, i["id"], i["name"], decision="expired", outcome="not_executed")
-                    for i in gated
+                    AuditEntry("expired", "system", interrupt.thread_id, interrupt.run_id, interrupt.id, c.id, c.name, decision="expired", outcome="not_executed")
+                    for c in gated
                 ],
             )
         except (InterruptResolved, InterruptExpired):

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from ..errors import Forbidden, InvalidRequest
 from ..tools import RISK_ORDER, Tool, ToolArgsError, mask_value
+from ._turn import CallItem
 
 __all__ = ["is_gated", "action_request", "review_config", "check_decisions"]
 
@@ -55,9 +56,7 @@ def _edited_args(tool: Tool, index: int, original: dict[str, Any], edited: dict[
         raise InvalidRequest(f"edited arguments are invalid: {exc}", code="invalid_edited_args", details=details) from None
 
 
-def check_decisions(
-    tools: dict[str, Tool], gated_calls: Sequence[dict[str, Any]], decisions: Sequence[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def check_decisions(tools: dict[str, Tool], gated_calls: Sequence[CallItem], decisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Validate one decision per gated call, in order; all or nothing.
 
     Returns the decisions normalised for execution (``edit`` carries the real, validated
@@ -71,21 +70,21 @@ def check_decisions(
         )
     normalised: list[dict[str, Any]] = []
     for index, (call, decision) in enumerate(zip(gated_calls, decisions)):
-        tool = tools.get(call["name"])
+        tool = tools.get(call.name)
         kind = decision["decision"]
         allowed = tool.allowed_decisions if tool else ("reject",)
         if kind not in allowed:  # a tool the agent no longer has can still be rejected
             raise Forbidden(
-                f"decision {kind!r} is not allowed for {call['name']} (allowed: {', '.join(allowed)})",
+                f"decision {kind!r} is not allowed for {call.name} (allowed: {', '.join(allowed)})",
                 code="decision_not_allowed",
                 details=[{"loc": ["body", "decisions", index, "decision"], "msg": f"allowed: {list(allowed)}", "type": "not_allowed"}],
             )
-        entry: dict[str, Any] = {"call_id": call["id"], "decision": kind}
+        entry: dict[str, Any] = {"call_id": call.id, "decision": kind}
         if kind == "reject":
             entry["reason"] = decision.get("reason")
         elif kind == "respond":
             entry["message"] = decision["message"]
         elif kind == "edit":
-            entry["args"] = _edited_args(tool, index, call["args"], decision["args"])
+            entry["args"] = _edited_args(tool, index, call.args, decision["args"])
         normalised.append(entry)
     return normalised

@@ -1,0 +1,203 @@
+"""Taking over a run whose process died, from its last checkpoint.
+
+**The event log is the truth; nothing that clients have not been able to see is ever treated as
+done.** The executor stores a step's outcome only after the events announcing it are durable,
+so a crash leaves the store *behind* the log, never ahead of it; recovery repairs the store
+toward the log. Checkpoints are the step boundaries both agree on: complete messages whose text
+equals their logged tokens and whose tool calls were all announced, and logged tool results.
+
+- A tool message of the run whose ``tool_result`` was never logged is cut off the path; its call
+  counts as unanswered.
+- The last model turn, when the store is not sure it ended (``partial``, ``failed``, or
+  ``complete`` but ahead of the log): if its ``tool_call`` events were logged, its stream had
+  ended (they are emitted after it, all at once), so it is rebuilt from the log as ``complete``.
+  Otherwise it is half-finished: kept as a ``failed`` sibling off the active path and announced
+  with a ``status: recovering`` event naming it, so clients discard its tokens; in a cancelling
+  run it stays, flagged ``cancelled``.
+- A final answer stored and announced, with only its ``done`` lost, is not asked for again.
+- Unanswered calls of the last turn: read-only ones run again; a gated one never put to a human
+  never ran, so it goes to one as usual; any other one may have had its effect, so it is never
+  re-run on its own: it goes back to a human as a new interrupt marked ``outcome_unknown``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..events import Done, Event, Status
+from ..models import ChatMessage
+from ..store import MessageRecord, Store
+from ._history import to_chat_messages
+from ._turn import CallItem
+
+if TYPE_CHECKING:
+    from ..agent import Agent
+    from ..store import RunRecord
+    from .eventlog import EventLog
+
+__all__ = ["WAITING", "CheckpointRecovery", "LoggedRun"]
+
+#: Returned when the run parked on an interrupt (no terminal event).
+WAITING = object()
+
+
+class LoggedRun:
+    """What a run's event log announced: the ground truth that recovery repairs the store to."""
+
+    def __init__(self) -> None:
+        #: Token texts per assistant message.
+        self.tokens: dict[str, list[str]] = {}
+        #: ``tool_call`` data per assistant message (in order) and per call id.
+        self.calls: dict[str, list[dict[str, Any]]] = {}
+        self.announced: dict[str, dict[str, Any]] = {}
+        #: ``tool_result`` data per call id.
+        self.results: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    async def read(cls, store: Store, run_id: str) -> LoggedRun:
+        """Read a run's whole log."""
+        logged = cls()
+        after = 0
+        while page := await store.read_events(run_id, after_seq=after, limit=5000):
+            after = page[-1].seq
+            for stored in page:
+                if stored.type not in ("token", "tool_call", "tool_result"):
+                    continue
+                data = json.loads(stored.envelope)["data"]
+                if stored.type == "token":
+                    logged.tokens.setdefault(data["message_id"], []).append(data["text"])
+                elif stored.type == "tool_call":
+                    logged.announced[data["call_id"]] = data
+                    if data.get("message_id"):
+                        logged.calls.setdefault(data["message_id"], []).append(data)
+                else:
+                    logged.results[data["call_id"]] = data
+        return logged
+
+    def text_of(self, message_id: str) -> str:
+        """The text announced for a message."""
+        return "".join(self.tokens.get(message_id, ()))
+
+    def agrees_with(self, message: MessageRecord) -> bool:
+        """True if a stored turn ended and everything in it was announced."""
+        return (
+            message.status in ("complete", "cancelled")
+            and message.content == self.text_of(message.id)
+            and all(c["id"] in self.announced for c in message.tool_calls or ())
+        )
+
+
+class CheckpointRecovery:
+    """The takeover half of :class:`~tether.runtime.runner.RunExecutor` (mixed into it)."""
+
+    store: Store
+    agent: Agent
+    run: RunRecord
+    cancel_mode: str | None
+    accepting_messages: bool
+    _leaf_id: str | None
+    _partial_message_id: str | None
+
+    if TYPE_CHECKING:
+
+        @property
+        def events(self) -> EventLog: ...
+
+        async def _execute(self, calls: list[CallItem], *, audited: bool) -> None: ...
+
+        async def _park(self, calls: list[CallItem], gated: list[CallItem]) -> bool: ...
+
+        async def _settle(self, calls: list[CallItem]) -> list[ChatMessage]: ...
+
+    async def recover_checkpoint(self) -> list[ChatMessage] | Event | object:
+        """Repair the store toward the log; return the history to go on with, the outcome
+        (``done`` of an answer that only lacked it), or WAITING when a call went to review."""
+        logged = await LoggedRun.read(self.store, self.run.id)
+        thread = await self.store.get_thread(self.run.thread_id)
+        path = await self.store.path_to(self.run.thread_id, thread.active_leaf_id)
+        cut = next((i for i, m in enumerate(path) if m.run_id == self.run.id and m.role == "tool" and m.tool_call_id not in logged.results), None)
+        if cut is not None:
+            path = path[:cut]
+            await self.store.move_active_leaf(self.run.thread_id, path[-1].id if path else None)
+        discarded = await self._repair_last_turn(path, logged)
+        self.events.emit(
+            Status(stage="recovering", detail="continuing from the last checkpoint after the server stopped", discard_message_id=discarded)
+        )
+        self._leaf_id = path[-1].id if path else None
+        path = await self.store.path_to(self.run.thread_id, self._leaf_id)
+        last = path[-1] if path else None
+        if last is not None and last.role == "assistant" and last.run_id == self.run.id and last.status == "complete" and not last.tool_calls:
+            self.accepting_messages = False
+            return Done(message_id=last.id)
+        turn = next(
+            (i for i in range(len(path) - 1, -1, -1) if path[i].role == "assistant" and path[i].tool_calls and path[i].run_id == self.run.id),
+            None,
+        )
+        if turn is not None:
+            answered = {m.tool_call_id for m in path[turn + 1 :] if m.role == "tool"}
+            missing = [c for c in path[turn].tool_calls or () if c["id"] not in answered]
+            if missing and await self._recover_calls(missing, logged):
+                return WAITING
+        return to_chat_messages(await self.store.path_to(self.run.thread_id, self._leaf_id))
+
+    async def _repair_last_turn(self, path: list[MessageRecord], logged: LoggedRun) -> str | None:
+        """Make the last model turn on ``path`` agree with the log (``path`` is updated in
+        place); return the id of a half-finished message taken off the path, if any."""
+        last = path[-1] if path else None
+        if last is None or last.role != "assistant" or last.run_id != self.run.id or logged.agrees_with(last):
+            return None
+        text = logged.text_of(last.id)
+        announced = logged.calls.get(last.id)
+        if announced:  # its stream had ended and its calls were announced: complete per the log
+            calls = [{"id": c["call_id"], "name": c["name"], "args": c["args"]} for c in announced]
+            await self.store.update_message(last.id, content=text, status="complete", tool_calls=calls)
+            return None
+        if self.cancel_mode:  # the run ends here: its partial answer stays, flagged
+            await self.store.update_message(last.id, content=text, status="cancelled")
+            self._partial_message_id = last.id
+            return None
+        path.pop()
+        await self.store.update_message(last.id, content=text, status="failed")
+        await self.store.move_active_leaf(self.run.thread_id, path[-1].id if path else None)
+        return last.id
+
+    async def _recover_calls(self, missing: list[dict[str, Any]], logged: LoggedRun) -> bool:
+        """Settle the calls a dead process left without a stored result; True if parked."""
+        latest = await self.store.latest_interrupt(self.run.id)
+        known = {c["id"]: CallItem.from_json(c) for c in (latest.turn["calls"] if latest is not None else [])}
+        calls: list[CallItem] = []
+        to_run: list[CallItem] = []
+        to_review: list[CallItem] = []
+        for missed in missing:
+            tool = self.agent.tools.get(missed["name"])
+            real = known.get(missed["id"])
+            call = CallItem(missed["id"], missed["name"], real.args if real else missed["args"], decision=real.decision if real else None)
+            calls.append(call)
+            args_known = real is not None or (tool is not None and not tool.sensitive_args)
+            announced = logged.announced.get(call.id)
+            if call.id in logged.results:  # finished and announced before the crash
+                data = logged.results[call.id]
+                call.settle(data["status"], result=data.get("result"), error=data.get("error"), reason=data.get("reason"))
+                continue
+            if tool is None:
+                call.settle("error", error=f"unknown tool {call.name!r}")
+            elif call.decision is not None and call.decision["decision"] in ("reject", "respond", "expired"):
+                call.apply_decision()  # decided, never run
+            elif tool.risk == "read_only" and args_known:
+                to_run.append(call)
+                continue
+            elif args_known:
+                call.gated = True
+                # Gated and never put to a human: it never ran, so it goes to review as usual.
+                call.outcome_unknown = not (real is None and announced is not None and announced.get("gated"))
+                to_review.append(call)
+                continue
+            else:  # its real arguments were never stored (sensitive, ungated): cannot be re-run
+                call.settle("unknown", reason="the server stopped while this ran; its outcome is unknown")
+            self.events.emit(call.result_event())
+        await self._execute(to_run, audited=False)
+        if to_review and not self.cancel_mode and await self._park(calls, to_review):
+            return True
+        await self._settle(calls)
+        return False

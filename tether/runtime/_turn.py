@@ -1,0 +1,174 @@
+"""A model turn's tool calls as the runtime tracks them, and the parked turn an interrupt keeps.
+
+Each call the model asks for becomes a :class:`CallItem`: validated, maybe gated, then settled
+with exactly one :data:`~tether.events.ToolStatus`. Everything that follows from a settled call
+is built here, once: its ``tool_result`` event (:meth:`CallItem.result_event`) and the tool
+message the model reads next (:meth:`CallItem.message`). A human's decision becomes a status in
+one place too (:meth:`CallItem.apply_decision`).
+
+When a turn waits for a human, the executor keeps nothing in memory: the turn is a
+:class:`ParkedTurn` whose JSON form (:meth:`ParkedTurn.to_json`) is stored in the interrupt row
+and read back by whichever process resumes, expires or cancels the run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._ids import new_id
+from ..events import ToolResult, ToolStatus
+from ..store import MessageRecord
+
+__all__ = ["CallItem", "ParkedTurn", "turn_messages"]
+
+#: What a decision that does not run the tool records (``approve``/``edit`` run it).
+_NOT_RUN: dict[str, tuple[ToolStatus, str]] = {
+    "reject": ("rejected", "rejected by reviewer"),
+    "respond": ("responded", ""),
+    "expired": ("expired", "the approval window closed; the action was not executed"),
+}
+
+
+@dataclass(slots=True)
+class CallItem:
+    """One tool call of a model turn, from the model's request to its one result."""
+
+    id: str
+    name: str
+    #: The validated arguments (the model's raw arguments when they did not validate).
+    args: Any
+    #: True when it waits for a human decision.
+    gated: bool = False
+    #: None until settled.
+    status: ToolStatus | None = None
+    result: Any = None
+    error: str | None = None
+    reason: str | None = None
+    #: The human's decision once decided (``{"call_id", "decision", …}``), or None.
+    decision: dict[str, Any] | None = None
+    #: True when a crash cut off an earlier execution: whether it had an effect is unknown.
+    outcome_unknown: bool = False
+
+    @property
+    def settled(self) -> bool:
+        """True once the call has its result."""
+        return self.status is not None
+
+    def settle(self, status: ToolStatus, *, result: Any = None, error: str | None = None, reason: str | None = None) -> None:
+        """Record the call's one result."""
+        self.status, self.result, self.error, self.reason = status, result, error, reason
+
+    def apply_decision(self) -> bool:
+        """Turn the recorded decision (none means expired) into a result; True if the tool
+        is to run (``approve``, or ``edit`` with the edited args)."""
+        decision = self.decision or {"decision": "expired"}
+        kind = decision["decision"]
+        if kind in ("approve", "edit"):
+            if kind == "edit":
+                self.args = decision["args"]
+            return True
+        if self.outcome_unknown and kind in ("reject", "expired"):
+            # Not run again; whether its first run had an effect stays unknown.
+            self.settle("unknown", reason=decision.get("reason") or "outcome unknown after a crash; not run again")
+            return False
+        status, default_reason = _NOT_RUN[kind]
+        if status == "responded":
+            self.settle(status, result=decision["message"])
+        else:
+            self.settle(status, reason=decision.get("reason") or default_reason)
+        return False
+
+    def result_event(self) -> ToolResult:
+        """The ``tool_result`` event of the settled call."""
+        assert self.status is not None, "an unsettled call has no result"
+        return ToolResult(call_id=self.id, name=self.name, status=self.status, result=self.result, error=self.error, reason=self.reason)
+
+    def message(self, *, thread_id: str, run_id: str, parent_id: str | None) -> MessageRecord:
+        """The tool message (what the model reads next) of the settled call."""
+        if self.status == "ok":
+            content = json.dumps(self.result, ensure_ascii=False)
+        elif self.status == "responded":
+            content = str(self.result)
+        else:
+            detail = {k: v for k, v in (("error", self.error), ("reason", self.reason)) if v}
+            content = json.dumps({"status": self.status, **detail}, ensure_ascii=False)
+        return MessageRecord(
+            new_id("msg"), thread_id, parent_id, run_id, "tool", content,
+            tool_call_id=self.id, name=self.name, status="cancelled" if self.status == "cancelled" else "complete",
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form kept in the interrupt row."""
+        data: dict[str, Any] = {"id": self.id, "name": self.name, "args": self.args, "gated": self.gated, "status": self.status}
+        for key in ("result", "error", "reason", "decision"):
+            value = getattr(self, key)
+            if value is not None:
+                data[key] = value
+        if self.outcome_unknown:
+            data["outcome_unknown"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CallItem:
+        """Read the JSON form back."""
+        return cls(
+            id=data["id"], name=data["name"], args=data.get("args", {}), gated=bool(data.get("gated")),
+            status=data.get("status"), result=data.get("result"), error=data.get("error"), reason=data.get("reason"),
+            decision=data.get("decision"), outcome_unknown=bool(data.get("outcome_unknown")),
+        )
+
+
+@dataclass(slots=True)
+class ParkedTurn:
+    """A model turn waiting for a human: every call in the model's order, and the corrections
+    that were queued when it parked (they join the history after the results)."""
+
+    #: The assistant message that asked for the calls (the tool messages follow it).
+    assistant_message_id: str | None
+    calls: list[CallItem]
+    #: ``(message_id, content)`` of announced corrections not yet in the tree.
+    steering: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def undecided(self) -> list[CallItem]:
+        """The gated calls that still need a decision, in order."""
+        return [c for c in self.calls if c.gated and not c.settled]
+
+    def settle_unrun(self, reason: str) -> list[CallItem]:
+        """Give every unsettled call the ``cancelled`` result; return those calls."""
+        unrun = [c for c in self.calls if not c.settled]
+        for call in unrun:
+            call.settle("cancelled", reason=reason)
+        return unrun
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form kept in the interrupt row."""
+        return {
+            "assistant_message_id": self.assistant_message_id,
+            "calls": [c.to_json() for c in self.calls],
+            "steering": [list(s) for s in self.steering],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ParkedTurn:
+        """Read the JSON form back."""
+        return cls(
+            data.get("assistant_message_id"),
+            [CallItem.from_json(c) for c in data.get("calls", [])],
+            [(str(m), str(c)) for m, c in data.get("steering", [])],
+        )
+
+
+def turn_messages(calls: list[CallItem], steering: list[tuple[str, str]], *, thread_id: str, run_id: str, parent_id: str | None) -> list[MessageRecord]:
+    """What a settled turn adds to the tree, chained from ``parent_id``: one tool message per
+    call in the model's order, then the corrections that were waiting for the results."""
+    records: list[MessageRecord] = []
+    for call in calls:
+        records.append(call.message(thread_id=thread_id, run_id=run_id, parent_id=parent_id))
+        parent_id = records[-1].id
+    for message_id, content in steering:
+        records.append(MessageRecord(message_id, thread_id, parent_id, run_id, "user", content))
+        parent_id = message_id
+    return records
