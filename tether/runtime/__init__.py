@@ -17,8 +17,8 @@ from typing import Any, Sequence
 from .._ids import utcnow
 from ..agent import Agent
 from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
-from ..events import Cancelled, Envelope, Event, Resumed, format_ts
-from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, args_digest, run_record
+from ..events import Cancelled, Envelope, Event, Resumed, StoredEvent, format_ts
+from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, RunStatus, Store, args_digest
 from .bus import LocalBus, Subscription
 from .config import RunConfig
 from .follow import follow_run
@@ -208,15 +208,15 @@ class Runtime:
             self.bus.publish(run_id, [*before, final])
         return written
 
-    async def steer(self, run_id: str, content: str) -> dict[str, Any]:
+    async def steer(self, run_id: str, content: str) -> str:
         """Send a correction into a running run (``user_message`` now, history before the next
-        model call). :class:`~tether.errors.RunNotActive` unless the run is ``running``."""
+        model call); returns the id its user message will have.
+        :class:`~tether.errors.RunNotActive` unless the run is ``running``."""
         run = await self.store.get_run(run_id)
         executor = self._executors.get(run_id)
-        if run.status != "running" or executor is None or executor.parked:
+        if run.status != RunStatus.RUNNING or executor is None or executor.parked:
             raise RunNotActive(f"run {run_id!r} is {run.status}; corrections go into running runs only", details={"status": run.status})
-        message_id = executor.steer(content)
-        return {"id": message_id, "run_id": run_id, "thread_id": run.thread_id, "role": "user", "content": content, "status": "queued"}
+        return executor.steer(content)
 
     # -- human review ----------------------------------------------------------------------
 
@@ -258,13 +258,12 @@ class Runtime:
                     args_digest(tool.mask(item["args"])), decision=decision["decision"], reason=decision.get("reason"), outcome="accepted", details=details,
                 )
             )
-        resolved, event, run_row = await self.store.leave_pending(
+        resolved, event, run = await self.store.leave_pending(
             interrupt_id, to_status="resolved", now=now, decisions=public, turn=interrupt.turn, actor=actor,
             make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public)),
             audit_entries=entries,
         )
         # No await between the winning write and launch: a cancel arriving now finds the executor.
-        run = run_record(run_row)
         self.bus.publish(resolved.run_id, [event])
         self.launch(run, resume=resolved)
         return run
@@ -277,7 +276,7 @@ class Runtime:
             item["decision"] = {"call_id": item["id"], "decision": "expired"}
         public = [{"call_id": i["id"], "decision": "expired"} for i in gated]
         try:
-            resolved, event, run_row = await self.store.leave_pending(
+            resolved, event, run = await self.store.leave_pending(
                 interrupt.id, to_status="expired", now=utcnow(), decisions=public, turn=interrupt.turn, actor="system",
                 make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public)),
                 audit_entries=[
@@ -288,7 +287,7 @@ class Runtime:
         except (InterruptResolved, InterruptExpired):
             return False
         self.bus.publish(resolved.run_id, [event])
-        self.launch(run_record(run_row), resume=resolved)  # no await since the winning write
+        self.launch(run, resume=resolved)  # no await since the winning write
         return True
 
     async def _sweep_forever(self) -> None:

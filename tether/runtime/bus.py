@@ -12,7 +12,7 @@ import contextlib
 from collections import deque
 from typing import Iterator, Sequence
 
-from ..store import StoredEvent
+from ..events import StoredEvent
 
 __all__ = ["LocalBus", "Subscription"]
 

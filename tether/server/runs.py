@@ -9,9 +9,10 @@ from fastapi.responses import JSONResponse, Response
 
 from ..errors import InvalidRequest
 from ..store import RunRecord
-from ._deps import actor_of, run_view, runtime_of, sse_ping_s_of, store_of
+from ._deps import actor_of, runtime_of, sse_ping_s_of, store_of
 from ._sse import sse_response
 from .schemas import CancelRun, CreateRun, MessageContent
+from .views import load_run_view, queued_message_view, run_view
 
 router = APIRouter(tags=["runs"])
 
@@ -48,13 +49,13 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
     headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
     if wants_event_stream(request):
         return sse_response(store, runtime.bus, run.id, after_seq=0, ping_s=sse_ping_s_of(request), headers=headers)
-    return JSONResponse(run.to_api(), status_code=202, headers=headers)
+    return JSONResponse(run_view(run), status_code=202, headers=headers)
 
 
 @router.get("/v1/runs/{run_id}")
 async def get_run(request: Request, run_id: str) -> dict[str, Any]:
     """A run with its status and outcome."""
-    return await run_view(store_of(request), await _visible_run(request, run_id))
+    return await load_run_view(store_of(request), await _visible_run(request, run_id))
 
 
 @router.get("/v1/runs/{run_id}/events", response_model=None)
@@ -93,8 +94,9 @@ async def run_events(
 @router.post("/v1/runs/{run_id}/messages", status_code=202)
 async def steer_run(request: Request, run_id: str, body: MessageContent) -> dict[str, Any]:
     """Send a correction into a running run; 409 ``run_not_active`` unless it is ``running``."""
-    await _visible_run(request, run_id)
-    return await runtime_of(request).steer(run_id, body.content)
+    run = await _visible_run(request, run_id)
+    message_id = await runtime_of(request).steer(run_id, body.content)
+    return queued_message_view(message_id, run, body.content)
 
 
 @router.post("/v1/runs/{run_id}/cancel", status_code=202)
@@ -103,4 +105,4 @@ async def cancel_run(request: Request, run_id: str, body: CancelRun | None = Non
     await _visible_run(request, run_id)
     body = body or CancelRun()
     run = await runtime_of(request).cancel(run_id, mode=body.mode, reason=body.reason, actor=actor_of(request))
-    return JSONResponse(await run_view(store_of(request), run), status_code=202)
+    return JSONResponse(await load_run_view(store_of(request), run), status_code=202)
