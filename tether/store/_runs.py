@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from .._ids import new_id, utcnow
-from ..errors import InvalidRequest, NotFound, RunNotActive, ThreadBusy
+from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadBusy
 from ..events import Envelope, RunStarted, StoredEvent
 from ._events import EventStore
 from ._tree import splits_a_tool_turn
@@ -79,20 +79,20 @@ class RunStore(EventStore):
                     raise InvalidRequest(
                         f"parent_id {parent_id!r} is not a message of thread {thread_id!r}",
                         code="invalid_parent",
-                        details=[{"loc": ["body", "parent_id"], "msg": "not a message of this thread", "type": "invalid_parent"}],
+                        fields=[FieldError(("parent_id",), "not a message of this thread", "invalid_parent")],
                     )
                 parent = message_record(row)
                 if content is not None and not use_active_leaf and await splits_a_tool_turn(conn, parent):
                     raise InvalidRequest(
                         f"parent_id {parent_id!r} is inside a tool turn: a message there would leave a tool call without its result",
                         code="invalid_parent",
-                        details=[{"loc": ["body", "parent_id"], "msg": "a tool call above it has no result yet", "type": "invalid_parent"}],
+                        fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
                     )
             if content is None and (parent is None or parent.role != "user"):
                 raise InvalidRequest(
                     "a run without input regenerates an answer: parent_id must be a user message of this thread",
                     code="input_required",
-                    details=[{"loc": ["body", "input"], "msg": "input.content is required unless parent_id is a user message", "type": "missing"}],
+                    fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
                 )
             input_id = new_id("msg") if content is not None else parent.id  # type: ignore[union-attr]
             lease = self._lease_values()

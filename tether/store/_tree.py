@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._ids import new_id, utcnow
-from ..errors import InvalidRequest, NotFound, ThreadBusy
+from ..errors import FieldError, InvalidRequest, NotFound, ThreadBusy
 from ._engine import StoreBase
 from .records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
 from .tables import has_active_run, messages, threads
@@ -162,7 +162,7 @@ class TreeStore(StoreBase):
             raise InvalidRequest(
                 "only assistant messages can be edited this way; to change a user message, fork with a new run",
                 code="not_an_assistant_message",
-                details=[{"loc": ["path", "message_id"], "msg": f"message role is {original.role}", "type": "role"}],
+                fields=[FieldError(("message_id",), f"message role is {original.role}", "role")],
             )
         edited = MessageRecord(
             new_id("msg"), original.thread_id, original.parent_id, None, "assistant", content,
