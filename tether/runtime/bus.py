@@ -66,6 +66,12 @@ class LocalBus:
         #: Events published since start (a counter for ``/metrics``).
         self.published = 0
 
+    async def start(self) -> None:
+        """Nothing to connect in one process (a cross-process bus connects here)."""
+
+    async def aclose(self) -> None:
+        """Nothing to release in one process (a cross-process bus disconnects here)."""
+
     @contextlib.contextmanager
     def subscribe(self, run_id: str) -> Iterator[Subscription]:
         """Follow ``run_id`` for the duration of the ``with`` block."""

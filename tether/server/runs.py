@@ -36,19 +36,18 @@ async def _visible_run(request: Request, run_id: str) -> RunRecord:
 @router.post("/v1/threads/{thread_id}/runs", status_code=202, response_model=None)
 async def create_run(request: Request, thread_id: str, body: CreateRun) -> Response:
     """Start a run on a thread: 202 with the run, or its event stream with ``Accept: text/event-stream``."""
-    store, runtime = store_of(request), runtime_of(request)
-    await store.get_thread(thread_id, owner=actor_of(request))
-    run, _message, _event = await store.create_run(
-        thread_id=thread_id,
+    runtime = runtime_of(request)
+    run = await runtime.start_run(
+        thread_id,
         content=body.input.content if body.input is not None else None,
         parent_id=body.parent_id,
         use_active_leaf="parent_id" not in body.model_fields_set,
-        config=body.config.model_dump(),
+        config=body.config,
+        owner=actor_of(request),
     )
-    runtime.launch(run)
     headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
     if wants_event_stream(request):
-        return sse_response(store, runtime.bus, run.id, after_seq=0, ping_s=sse_ping_s_of(request), headers=headers)
+        return sse_response(store_of(request), runtime.bus, run.id, after_seq=0, ping_s=sse_ping_s_of(request), headers=headers)
     return JSONResponse(run_view(run), status_code=202, headers=headers)
 
 

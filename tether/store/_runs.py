@@ -52,6 +52,7 @@ class RunStore(EventStore):
         parent_id: str | None,
         use_active_leaf: bool,
         config: dict[str, Any],
+        owner: str | None = None,
     ) -> tuple[RunRecord, MessageRecord, StoredEvent]:
         """Create a queued run, its input and its ``run_started`` event, atomically.
 
@@ -61,14 +62,15 @@ class RunStore(EventStore):
         is the existing user message ``parent_id`` and its answer becomes a sibling of the
         earlier answers. The active leaf moves to the run's input either way.
 
-        Raises :class:`ThreadBusy` if the thread already has a non-terminal run (the partial
-        unique index decides, so this holds across processes).
+        Raises :class:`NotFound` if the thread is missing or (given ``owner``) someone else's, and
+        :class:`ThreadBusy` if it already has a non-terminal run (the partial unique index
+        decides, so this holds across processes).
         """
         now = utcnow()
         run_id = new_id("run")
         async with self._writing() as conn:
             thread_row = (await conn.execute(threads.select().where(threads.c.id == thread_id))).first()
-            if thread_row is None:
+            if thread_row is None or (owner is not None and thread_row.owner != owner):
                 raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
             if use_active_leaf:
                 parent_id = thread_row.active_leaf_id
