@@ -6,7 +6,7 @@ single conditional writes (``UPDATE … WHERE status IN (…)``) or database con
 in-memory bookkeeping, so they hold across processes.
 
 The store returns records (plain dataclasses); it knows nothing of HTTP. One module per concern,
-each a part of :class:`Store`:
+each a part of :class:`Store` (which ``_store`` puts together); this module only re-exports:
 
 - ``records``: the records and :class:`RunStatus`;
 - ``_engine``: URLs, connections, SQLite settings, migrations at open;
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from ..events import StoredEvent
 from ._engine import normalize_db_url
-from ._review import ReviewStore
-from ._runs import RunStore
-from ._tree import TreeStore
+from ._store import Store
 from .records import (
     ACTIVE_RUN_STATUSES,
     EXECUTOR_RUN_STATUSES,
@@ -53,7 +51,3 @@ __all__ = [
     "run_record",
     "normalize_db_url",
 ]
-
-
-class Store(TreeStore, RunStore, ReviewStore):
-    """Async access to Tether's tables. Open with :meth:`open`, close with :meth:`aclose`."""

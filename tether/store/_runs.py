@@ -90,38 +90,38 @@ class RunStore(EventStore):
                         code="invalid_parent",
                         fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
                     )
-            if content is None and (parent is None or parent.role != "user"):
+            if content is not None:
+                message = MessageRecord(new_id("msg"), thread_id, parent_id, run_id, "user", content, created_at=now)
+            elif parent is not None and parent.role == "user":
+                message = parent  # regenerate: the input is the existing user message
+            else:
                 raise InvalidRequest(
                     "a run without input regenerates an answer: parent_id must be a user message of this thread",
                     code="input_required",
                     fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
                 )
-            input_id = new_id("msg") if content is not None else parent.id  # type: ignore[union-attr]
             lease = self._lease_values()
-            run = RunRecord(run_id, thread_id, RunStatus.QUEUED, config, input_id, now, None, None, None, None, None, None, **lease)
+            run = RunRecord(run_id, thread_id, RunStatus.QUEUED, config, message.id, now, None, None, None, None, None, None, **lease)
             try:
                 # The first write of the transaction: if the partial unique index refuses it,
                 # nothing else has been written and the whole transaction rolls back.
                 await conn.execute(
                     runs.insert().values(
                         id=run_id, thread_id=thread_id, status=RunStatus.QUEUED.value, config=config,
-                        input_message_id=input_id, created_at=now, **lease,
+                        input_message_id=message.id, created_at=now, **lease,
                     )
                 )
             except IntegrityError:
                 raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
             if content is not None:
-                message = MessageRecord(input_id, thread_id, parent_id, run_id, "user", content, created_at=now)
                 await conn.execute(messages.insert().values(**message_values(message)))
-            else:
-                message = parent  # type: ignore[assignment]
             await conn.execute(
-                threads.update().where(threads.c.id == thread_id).values(active_leaf_id=input_id, updated_at=now)
+                threads.update().where(threads.c.id == thread_id).values(active_leaf_id=message.id, updated_at=now)
             )
-            started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=input_id), now)
+            started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message.id), now)
             stored = StoredEvent(1, started.type, started.to_json())
             await self._write_events(conn, run_id, [stored])
-        return run, message, stored  # type: ignore[return-value]
+        return run, message, stored
 
     # -- reading ---------------------------------------------------------------------------
 
