@@ -252,6 +252,18 @@ async def test_parent_id_from_another_thread_is_refused(http: httpx.AsyncClient,
     assert thread["active_run_id"] is None and thread["active_leaf_id"] is None
 
 
+async def test_a_field_the_store_refuses_is_located_in_the_body_or_the_path(
+    http: httpx.AsyncClient, thread_id: str, finished_run: dict[str, Any]
+) -> None:
+    error = assert_error(await http.post(f"/v1/threads/{thread_id}/runs", json={"parent_id": None}), 422, "input_required")
+    assert error["details"] == [
+        {"loc": ["body", "input"], "msg": "input.content is required unless parent_id is a user message", "type": "missing"}
+    ]
+    user_message = finished_run["input_message_id"]
+    error = assert_error(await http.patch(f"/v1/messages/{user_message}", json={"content": "x"}), 422, "not_an_assistant_message")
+    assert error["details"] == [{"loc": ["path", "message_id"], "msg": "message role is user", "type": "role"}]
+
+
 # -- unknown ids, routes and methods ---------------------------------------------------------
 
 NOT_FOUND = [

@@ -282,6 +282,7 @@ async def test_read_only_results_arrive_before_the_interrupt_and_each_decision_a
         with pytest.raises(APIError) as too_few:  # one decision per action, no fewer
             await client.decide(run["thread_id"], interrupt["id"], [{"decision": "approve"}])
         assert too_few.value.status == 422 and too_few.value.code == "decision_count_mismatch"
+        assert too_few.value.details == [{"loc": ["body", "decisions"], "msg": "expected 2 items", "type": "length"}]
         await assert_still_pending(client, interrupt)
 
         await client.decide(run["thread_id"], interrupt["id"], [{"decision": "approve"}, {"decision": "reject", "reason": "too much"}])

@@ -268,7 +268,8 @@ async def test_create_run_writes_the_run_its_user_message_and_run_started_atomic
     assert await store.last_seq(run.id) == 1
     assert await store.active_run_ids([thread.id, "thr_other"]) == {thread.id: run.id}
     assert await store.active_run_ids([]) == {}
-    assert [r.to_api() for r in await store.list_runs(thread.id)] == [run.to_api()]
+    assert await store.list_runs(thread.id) == [await store.get_run(run.id)]
+    assert (await store.get_run(run.id)).status == run.status == "queued"
     assert run.id in {r.id for r in await store.runs_in_status(("queued",))}
 
 
@@ -455,7 +456,6 @@ async def test_request_cancel_moves_every_active_status_to_cancelling(store: Sto
         record = await store.request_cancel(run.id, mode="soft", reason="changed my mind", actor="alice")
         assert (record.status, record.cancel_mode, record.cancel_reason, record.cancel_actor) == ("cancelling", "soft", "changed my mind", "alice")
         assert await store.get_run(run.id) == record
-        assert record.to_api()["cancel"] == {"mode": "soft", "reason": "changed my mind", "actor": "alice"}
 
 
 async def test_a_hard_cancel_upgrades_a_soft_one_and_a_soft_one_never_downgrades(store: Store) -> None:
@@ -562,7 +562,7 @@ async def test_resolving_an_interrupt_resumes_its_run_and_a_second_resolution_is
     assert (event.seq, event.type) == (3, "resumed")
     assert await store.get_interrupt(interrupt.id) == resolved
     assert await store.read_events(run.id, after_seq=2) == [event]
-    assert [(a["action"], a["actor"], a["interrupt_id"]) for a in await store.list_audit(run_id=run.id)] == [("decision", "bob", interrupt.id)]
+    assert [(a.action, a.actor, a.interrupt_id) for a in await store.list_audit(run_id=run.id)] == [("decision", "bob", interrupt.id)]
 
     for to_status in ("resolved", "expired"):
         with pytest.raises(InterruptResolved) as caught:
@@ -613,7 +613,7 @@ async def test_of_fifty_concurrent_resolutions_of_one_interrupt_exactly_one_wins
     assert await event_types(store, run.id) == ["run_started", "interrupt", "resumed"]
     assert await store.read_events(run.id, after_seq=2) == [event]
     assert run_row.status == "running" and (await store.get_run(run.id)).status == "running"
-    assert [a["actor"] for a in await store.list_audit(run_id=run.id)] == [resolved.resolved_by]
+    assert [a.actor for a in await store.list_audit(run_id=run.id)] == [resolved.resolved_by]
 
 
 async def test_a_cancel_racing_a_resolution_never_lets_both_win(store: Store, database_url: str) -> None:
@@ -706,19 +706,20 @@ async def test_audit_entries_list_oldest_first_filtered_by_thread_and_run(store:
     await store.add_audit([AuditEntry("expired", "system", "thr_b", "run_3", "int_2", "call_9", "delete", decision="expired")])
 
     entries = await store.list_audit()
-    assert [e["action"] for e in entries] == ["cancel", "decision", "tool_executed", "expired"]
-    assert entries[1] == {
-        "id": entries[1]["id"], "ts": entries[1]["ts"], "actor": "bob", "action": "decision", "thread_id": "thr_a",
-        "run_id": "run_2", "interrupt_id": "int_1", "call_id": "call_1", "tool": "refund", "args_digest": "sha256:ab",
-        "decision": "approve", "reason": None, "outcome": "accepted", "details": None,
-    }
-    assert entries[0]["details"] == {"mode": "soft"}
-    assert [e["ts"] for e in entries] == sorted(e["ts"] for e in entries) and entries[0]["ts"].endswith("Z")
-    assert [e["action"] for e in await store.list_audit(thread_id="thr_a")] == ["cancel", "decision", "tool_executed"]
-    assert [e["action"] for e in await store.list_audit(run_id="run_2")] == ["decision", "tool_executed"]
-    assert [e["action"] for e in await store.list_audit(thread_id="thr_a", run_id="run_3")] == []
-    assert [e["action"] for e in await store.list_audit(thread_id="thr_b", run_id="run_3")] == ["expired"]
-    assert [e["action"] for e in await store.list_audit(limit=2)] == ["cancel", "decision"]
+    assert [e.action for e in entries] == ["cancel", "decision", "tool_executed", "expired"]
+    assert entries[1] == AuditEntry(
+        "decision", "bob", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", "approve", None, "accepted", None,
+        id=entries[1].id, ts=entries[1].ts,
+    )
+    assert entries[1].id is not None and entries[1].id.startswith("aud_")
+    assert entries[0].details == {"mode": "soft"}
+    assert all(e.ts is not None and e.ts.tzinfo is not None and e.ts.utcoffset() == timedelta(0) for e in entries)
+    assert [e.ts for e in entries] == sorted(e.ts for e in entries if e.ts is not None)
+    assert [e.action for e in await store.list_audit(thread_id="thr_a")] == ["cancel", "decision", "tool_executed"]
+    assert [e.action for e in await store.list_audit(run_id="run_2")] == ["decision", "tool_executed"]
+    assert [e.action for e in await store.list_audit(thread_id="thr_a", run_id="run_3")] == []
+    assert [e.action for e in await store.list_audit(thread_id="thr_b", run_id="run_3")] == ["expired"]
+    assert [e.action for e in await store.list_audit(limit=2)] == ["cancel", "decision"]
 
 
 # -- messages ----------------------------------------------------------------------------------
@@ -781,7 +782,6 @@ async def test_an_edited_version_of_an_assistant_message_becomes_its_active_sibl
     assert await store.get_message(edited.id) == edited
     assert (await store.get_thread(thread.id)).active_leaf_id == edited.id
     assert len(await store.thread_messages(thread.id)) == count + 1
-    assert edited.to_api(sibling_ids=[a1.id, edited.id])["edited_by_user"] is True
 
     with pytest.raises(InvalidRequest) as caught:
         await store.add_edited_version(u1.id, "not mine to edit")
@@ -837,7 +837,7 @@ async def test_json_columns_round_trip_nested_values_identically(store: Store) -
         "review_configs": (interrupt.review_configs, [NESTED]),
         "turn": (interrupt.turn, {"turn": NESTED, "after": 1}),
         "decisions": (interrupt.decisions, [{"decision": "edit", "args": NESTED}]),
-        "details": ((await store.list_audit())[0]["details"], NESTED),
+        "details": ((await store.list_audit())[0].details, NESTED),
     }
     for column, (back, written) in values.items():
         # Equal, and identical as JSON text: same key order, same number forms.

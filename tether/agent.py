@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from .models import Model, ToolSpec
 from .tools import Tool
+
+if TYPE_CHECKING:  # for the annotation only: the agent itself does not need a web framework
+    from starlette.routing import BaseRoute
 
 __all__ = ["Agent"]
 
@@ -27,7 +30,7 @@ class Agent:
         name: str = "agent",
         max_steps: int = 25,
         on_startup: Callable[[Any], Awaitable[None]] | None = None,
-        routes: Sequence[Any] = (),
+        routes: Sequence[BaseRoute] = (),
     ) -> None:
         names = [t.name for t in tools]
         if len(set(names)) != len(names):

@@ -15,14 +15,18 @@
     └── ModelError          the model provider failed
 
 The HTTP status for each lives in one place, the server's error handler; the core never speaks
-HTTP. A rejected approval is an event, not an exception.
+HTTP. An error about particular fields of the input names them with :class:`FieldError`s, whose
+``loc`` is a path into the input (``("decisions", 0, "args", "amount")``); the server adds where
+that input came from (``body``, ``path``). A rejected approval is an event, not an exception.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 __all__ = [
+    "FieldError",
     "TetherError",
     "NotFound",
     "InvalidRequest",
@@ -37,17 +41,31 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One wrong field of a request's input: where it is, what is wrong, and a machine-readable kind."""
+
+    #: The path from the input's root to the field: names of fields, indexes of list items.
+    loc: tuple[str | int, ...]
+    msg: str
+    type: str
+
+
 class TetherError(Exception):
     """Base of every error Tether raises on purpose."""
 
     code = "tether_error"
 
-    def __init__(self, message: str, *, code: str | None = None, details: Any = None) -> None:
+    def __init__(
+        self, message: str, *, code: str | None = None, details: Any = None, fields: Sequence[FieldError] = ()
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
         self.details = details
+        #: The fields of the input that are wrong (an error about the request as a whole has none).
+        self.fields = tuple(fields)
 
 
 class NotFound(TetherError):

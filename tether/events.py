@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, ClassVar, Literal
 
@@ -36,6 +37,7 @@ __all__ = [
     "RunError",
     "Cancelled",
     "Envelope",
+    "StoredEvent",
     "EVENT_TYPES",
     "TERMINAL_TYPES",
     "format_ts",
@@ -275,3 +277,16 @@ class Envelope(BaseModel):
     def event(self) -> Event:
         """The typed event inside (raises ``KeyError`` for an unknown type)."""
         return EVENT_TYPES[self.type].model_validate(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One entry of a run's log as the store keeps it: its seq, type and canonical envelope JSON.
+
+    The envelope text is what SSE sends byte for byte, so the log is handed around in this form
+    (store → bus → stream) and never re-encoded.
+    """
+
+    seq: int
+    type: str
+    envelope: str

@@ -6,6 +6,10 @@ server's lifespan), never to an HTTP request, so a client that disconnects canno
 A task's failure is contained to its own run. The expiry sweeper is one more owned task: it
 expires due interrupts with no client connected, including ones that fell due while the
 server was down.
+
+:meth:`Runtime.open` is the one way in for a server: it opens the store and picks the bus (an
+in-process one on SQLite; on PostgreSQL one that also hears other processes through
+``LISTEN``), so the HTTP layer never deals with either.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from typing import Any, Sequence
 from .._ids import utcnow
 from ..agent import Agent
 from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
-from ..events import Envelope, Event, Resumed, format_ts
-from ..store import AuditEntry, InterruptRecord, RunRecord, Store, StoredEvent, args_digest, run_record
+from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
+from ..store import AuditEntry, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from .bus import LocalBus, Subscription
 from .config import RunConfig
 from .follow import follow_run
+from .pgbus import PostgresBus
 from .review import check_decisions
 from ._turn import ParkedTurn, turn_messages
 from .runner import RunExecutor, cancelled_event
@@ -50,23 +55,56 @@ class Runtime:
         self._finishing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        #: Set by :meth:`open`: then :meth:`aclose` also closes the bus and the store.
+        self._owns_store = False
+
+    @classmethod
+    async def open(cls, db_url: str, agent: Agent, *, lease_s: float = 10.0, sweep_interval_s: float = 0.25) -> Runtime:
+        """Open the store at ``db_url`` (running migrations) and the bus that suits it; call
+        :meth:`start` next, and :meth:`aclose` to close all of it.
+
+        ``lease_s`` is how long this process's claim on a run it executes lasts without renewal:
+        after that long without a heartbeat (the process died), another process sharing the
+        PostgreSQL database takes the run over.
+        """
+        store = await Store.open(db_url)
+        store.lease_s = lease_s
+        try:
+            bus = await _open_bus(store)
+        except BaseException:
+            await store.aclose()
+            raise
+        runtime = cls(store, agent, bus, sweep_interval_s=sweep_interval_s)
+        runtime._owns_store = True
+        return runtime
 
     async def start(self) -> None:
-        """Recover what a previous process left behind, then start the expiry sweeper."""
+        """Let the agent set up (``on_startup``), recover what a previous process left behind,
+        then start the expiry sweeper and the lease keeper."""
         if hasattr(self.bus, "on_control"):
             self.bus.on_control = self._on_control
+        if self.agent.on_startup is not None:
+            await self.agent.on_startup(self.store)
         await self._recover()
         self._spawn(self._sweep_forever(), "interrupt-sweeper")
         self._spawn(self._keep_leases(), "lease-keeper")
 
     async def aclose(self) -> None:
-        """Stop every owned task (executing runs are recovered on the next start)."""
+        """Stop every owned task (executing runs are recovered on the next start); after
+        :meth:`open`, close the bus and the store too."""
         self._closing = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            if self._owns_store:
+                try:
+                    await self.bus.aclose()
+                finally:
+                    await self.store.aclose()
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
@@ -81,6 +119,37 @@ class Runtime:
             task.cancel()
 
     # -- runs ------------------------------------------------------------------------------
+
+    async def start_run(
+        self,
+        thread_id: str,
+        *,
+        content: str | None,
+        parent_id: str | None = None,
+        use_active_leaf: bool = True,
+        config: RunConfig | None = None,
+        owner: str | None = None,
+    ) -> RunRecord:
+        """Start a run on a thread: store it queued with its input and ``run_started``, then
+        execute it in a task of the runtime. Returns the run as created.
+
+        The input attaches to the thread's active leaf (``use_active_leaf``) or to ``parent_id``
+        (a fork; ``None`` is a new root); with no ``content`` the run regenerates the answer to
+        the user message ``parent_id``. :class:`~tether.errors.NotFound` if the thread does not
+        exist or is not ``owner``'s; :class:`~tether.errors.ThreadBusy` while another run of the
+        thread is not terminal.
+        """
+        run, _input, started = await self.store.create_run(
+            thread_id=thread_id,
+            content=content,
+            parent_id=parent_id,
+            use_active_leaf=use_active_leaf,
+            config=(config or RunConfig()).model_dump(),
+            owner=owner,
+        )
+        self.bus.publish(run.id, [started])
+        self.launch(run)
+        return run
 
     def launch(self, run: RunRecord, *, resume: InterruptRecord | None = None, takeover: bool = False) -> None:
         """Execute a run (queued, or resumed after ``resume``) in a task owned by the runtime."""
@@ -200,15 +269,15 @@ class Runtime:
             self.bus.publish(run_id, [*before, final])
         return written
 
-    async def steer(self, run_id: str, content: str) -> dict[str, Any]:
+    async def steer(self, run_id: str, content: str) -> str:
         """Send a correction into a running run (``user_message`` now, history before the next
-        model call). :class:`~tether.errors.RunNotActive` unless the run is ``running``."""
+        model call); returns the id its user message will have.
+        :class:`~tether.errors.RunNotActive` unless the run is ``running``."""
         run = await self.store.get_run(run_id)
         executor = self._executors.get(run_id)
-        if run.status != "running" or executor is None or executor.parked:
+        if run.status != RunStatus.RUNNING or executor is None or executor.parked:
             raise RunNotActive(f"run {run_id!r} is {run.status}; corrections go into running runs only", details={"status": run.status})
-        message_id = executor.steer(content)
-        return {"id": message_id, "run_id": run_id, "thread_id": run.thread_id, "role": "user", "content": content, "status": "queued"}
+        return executor.steer(content)
 
     # -- human review ----------------------------------------------------------------------
 
@@ -250,13 +319,12 @@ class Runtime:
                     args_digest(tool.mask(call.args)), decision=decision["decision"], reason=decision.get("reason"), outcome="accepted", details=details,
                 )
             )
-        resolved, event, run_row = await self.store.leave_pending(
+        resolved, event, run = await self.store.leave_pending(
             interrupt_id, to_status="resolved", now=now, decisions=public, turn=turn.to_json(), actor=actor,
             make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public)),
             audit_entries=entries,
         )
         # No await between the winning write and launch: a cancel arriving now finds the executor.
-        run = run_record(run_row)
         self.bus.publish(resolved.run_id, [event])
         self.launch(run, resume=resolved)
         return run
@@ -270,7 +338,7 @@ class Runtime:
         for call, decision in zip(gated, public):
             call.decision = decision
         try:
-            resolved, event, run_row = await self.store.leave_pending(
+            resolved, event, run = await self.store.leave_pending(
                 interrupt.id, to_status="expired", now=utcnow(), decisions=public, turn=turn.to_json(), actor="system",
                 make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public)),
                 audit_entries=[
@@ -281,7 +349,7 @@ class Runtime:
         except (InterruptResolved, InterruptExpired):
             return False
         self.bus.publish(resolved.run_id, [event])
-        self.launch(run_record(run_row), resume=resolved)  # no await since the winning write
+        self.launch(run, resume=resolved)  # no await since the winning write
         return True
 
     async def _sweep_forever(self) -> None:
@@ -310,3 +378,14 @@ class Runtime:
             self.launch(run, takeover=run.status != "queued")
             log.info("took over run %s (was %s)", run.id, run.status)
 
+
+
+async def _open_bus(store: Store) -> LocalBus:
+    """The bus for ``store``: in-process on SQLite (one process); on PostgreSQL, other processes
+    may share the database, so also hear what they commit and command (started here)."""
+    if store.is_sqlite:
+        return LocalBus()
+    dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    bus = PostgresBus(dsn, store.instance_id)
+    await bus.start()
+    return bus

@@ -12,7 +12,7 @@ import contextlib
 from collections import deque
 from typing import Iterator, Sequence
 
-from ..store import StoredEvent
+from ..events import StoredEvent
 
 __all__ = ["LocalBus", "Subscription"]
 
@@ -65,6 +65,12 @@ class LocalBus:
         self._max_pending = max_pending
         #: Events published since start (a counter for ``/metrics``).
         self.published = 0
+
+    async def start(self) -> None:
+        """Nothing to connect in one process (a cross-process bus connects here)."""
+
+    async def aclose(self) -> None:
+        """Nothing to release in one process (a cross-process bus disconnects here)."""
 
     @contextlib.contextmanager
     def subscribe(self, run_id: str) -> Iterator[Subscription]:

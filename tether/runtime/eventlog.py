@@ -20,7 +20,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ..events import Envelope, Event, now_ts
-from ..store import Store, StoredEvent
+from ..events import StoredEvent
+from ..store import Store
 
 if TYPE_CHECKING:
     from .bus import LocalBus

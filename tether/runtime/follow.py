@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 from ..events import TERMINAL_TYPES
-from ..store import Store, StoredEvent
+from ..events import StoredEvent
+from ..store import Store
 from .bus import LocalBus
 
 __all__ = ["follow_run"]

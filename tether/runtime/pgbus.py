@@ -2,11 +2,12 @@
 
 With several server processes on one PostgreSQL, a run executes in one process while its
 followers may be connected to any other. Every transaction that appends events also sends
-``NOTIFY tether_events, '<origin> <run_id> <seq>'``; PostgreSQL delivers it on commit, so a
-notification never announces an event that is not durable. Each process listens on one
-dedicated connection and, for runs it has followers of, marks their subscriptions *stale*:
-they catch up from the store (the same gapless path as any reconnect). Its own notifications
-it ignores: local followers already got those events directly.
+``NOTIFY tether_events, '<origin> <run_id> <seq>'`` (the channels and payloads are defined once,
+in ``store/notify.py``); PostgreSQL delivers it on commit, so a notification never announces an
+event that is not durable. Each process listens on one dedicated connection and, for runs it
+has followers of, marks their subscriptions *stale*: they catch up from the store (the same
+gapless path as any reconnect). Its own notifications it ignores: local followers already got
+those events directly.
 
 ``tether_control`` carries small JSON commands to the process executing a run (a cancel sent to
 another process). Notifications are not stored: a listener that reconnects marks every
@@ -17,20 +18,17 @@ by the executor's own periodic check of the run's status in the store.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any, Callable
 
 import asyncpg
 
+from ..store.notify import CONTROL_CHANNEL, EVENTS_CHANNEL, parse_control_payload, parse_events_payload
 from .bus import LocalBus
 
-__all__ = ["PostgresBus", "EVENTS_CHANNEL", "CONTROL_CHANNEL"]
+__all__ = ["PostgresBus"]
 
 log = logging.getLogger("tether.runtime")
-
-EVENTS_CHANNEL = "tether_events"
-CONTROL_CHANNEL = "tether_control"
 
 
 class PostgresBus(LocalBus):
@@ -76,19 +74,15 @@ class PostgresBus(LocalBus):
                     subscription.mark_stale()
 
     def _on_events(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        origin, _, rest = payload.partition(" ")
-        if origin == self.origin:
+        notice = parse_events_payload(payload)
+        if notice.origin == self.origin:
             return
-        run_id = rest.partition(" ")[0]
-        for subscription in list(self._subscribers.get(run_id, ())):
+        for subscription in list(self._subscribers.get(notice.run_id, ())):
             subscription.mark_stale()
 
     def _on_control(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        try:
-            message = json.loads(payload)
-        except ValueError:
-            return
-        if message.get("origin") != self.origin and self.on_control is not None:
+        message = parse_control_payload(payload)
+        if message is not None and message.get("origin") != self.origin and self.on_control is not None:
             self.on_control(message)
 
     async def aclose(self) -> None:

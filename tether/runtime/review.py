@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..errors import Forbidden, InvalidRequest
+from ..errors import FieldError, Forbidden, InvalidRequest
 from ..tools import RISK_ORDER, Tool, ToolArgsError, mask_value
 from ._turn import CallItem
 
@@ -45,15 +45,13 @@ def _edited_args(tool: Tool, index: int, original: dict[str, Any], edited: dict[
             raise InvalidRequest(
                 f"argument {name!r} of {tool.name} is sensitive and cannot be edited",
                 code="sensitive_arg_locked",
-                details=[{"loc": ["body", "decisions", index, "args", name], "msg": "sensitive argument cannot be edited", "type": "sensitive"}],
+                fields=[FieldError(("decisions", index, "args", name), "sensitive argument cannot be edited", "sensitive")],
             )
     try:
         return tool.validate(merged)
     except ToolArgsError as exc:
-        details = [
-            {"loc": ["body", "decisions", index, "args", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors
-        ]
-        raise InvalidRequest(f"edited arguments are invalid: {exc}", code="invalid_edited_args", details=details) from None
+        fields = [FieldError(("decisions", index, "args", *e["loc"]), e["msg"], e["type"]) for e in exc.errors]
+        raise InvalidRequest(f"edited arguments are invalid: {exc}", code="invalid_edited_args", fields=fields) from None
 
 
 def check_decisions(tools: dict[str, Tool], gated_calls: Sequence[CallItem], decisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -66,7 +64,7 @@ def check_decisions(tools: dict[str, Tool], gated_calls: Sequence[CallItem], dec
         raise InvalidRequest(
             f"expected {len(gated_calls)} decisions (one per action, in order), got {len(decisions)}",
             code="decision_count_mismatch",
-            details=[{"loc": ["body", "decisions"], "msg": f"expected {len(gated_calls)} items", "type": "length"}],
+            fields=[FieldError(("decisions",), f"expected {len(gated_calls)} items", "length")],
         )
     normalised: list[dict[str, Any]] = []
     for index, (call, decision) in enumerate(zip(gated_calls, decisions)):
@@ -77,7 +75,7 @@ def check_decisions(tools: dict[str, Tool], gated_calls: Sequence[CallItem], dec
             raise Forbidden(
                 f"decision {kind!r} is not allowed for {call.name} (allowed: {', '.join(allowed)})",
                 code="decision_not_allowed",
-                details=[{"loc": ["body", "decisions", index, "decision"], "msg": f"allowed: {list(allowed)}", "type": "not_allowed"}],
+                fields=[FieldError(("decisions", index, "decision"), f"allowed: {list(allowed)}", "not_allowed")],
             )
         entry: dict[str, Any] = {"call_id": call.id, "decision": kind}
         if kind == "reject":

@@ -1,8 +1,9 @@
 """The HTTP server: a FastAPI application around one agent, one store and one runtime.
 
-``create_app`` builds it; its lifespan opens the store (running migrations), starts the
-runtime (recovering what a previous process left) and, on shutdown, stops executing tasks and
-closes the store. Routes live one module per resource; the error mapping lives in ``_errors``.
+``create_app`` builds it; its lifespan opens the runtime (which opens the store, running
+migrations, and its bus), starts it (the agent's ``on_startup``, then recovering what a previous
+process left) and, on shutdown, closes it. Routes live one module per resource, response shapes
+in ``views``; the error mapping lives in ``_errors``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from fastapi import FastAPI
 
 from .. import __version__
 from ..agent import Agent
-from ..runtime import LocalBus, Runtime
-from ..runtime.pgbus import PostgresBus
-from ..store import Store
+from ..runtime import Runtime
 from . import metrics, review, runs, threads
 from ._errors import install_error_handlers
 from ._guard import RefuseNul
@@ -41,33 +40,14 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0, lease_s: 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = await Store.open(db_url)
-        store.lease_s = lease_s
-        bus: LocalBus
-        if store.is_sqlite:
-            bus = LocalBus()
-        else:  # other processes may share the database: hear what they commit and command
-            dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-            bus = PostgresBus(dsn, store.instance_id)
-        runtime = Runtime(store, agent, bus)
-        app.state.store = store
+        runtime = await Runtime.open(db_url, agent, lease_s=lease_s)
         app.state.runtime = runtime
+        app.state.store = runtime.store
         try:
-            if isinstance(bus, PostgresBus):
-                await bus.start()
-            if agent.on_startup is not None:
-                await agent.on_startup(store)
             await runtime.start()
             yield
         finally:
-            try:
-                await runtime.aclose()
-            finally:
-                try:
-                    if isinstance(bus, PostgresBus):
-                        await bus.aclose()
-                finally:
-                    await store.aclose()
+            await runtime.aclose()
 
     app = FastAPI(title="Tether", version=__version__, lifespan=lifespan)
     app.state.sse_ping_s = sse_ping_s

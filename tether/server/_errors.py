@@ -1,7 +1,10 @@
 """The one place where errors become HTTP responses.
 
 Every error response is ``{"error": {"code", "message", "details"}}`` with a 4xx/5xx status;
-never a stack trace, never a 500 for bad input.
+never a stack trace, never a 500 for bad input. A core error's :class:`~tether.errors.FieldError`s
+become ``details`` items ``{"loc", "msg", "type"}`` whose ``loc`` starts, as FastAPI's own
+validation errors do, with where the field came from: ``path`` for a path parameter of the
+route, ``body`` otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import Conflict, Forbidden, Gone, InvalidRequest, NotFound, TetherError
+from ..errors import Conflict, FieldError, Forbidden, Gone, InvalidRequest, NotFound, TetherError
 
 log = logging.getLogger("tether.server")
 
@@ -42,12 +45,21 @@ def status_for(exc: TetherError) -> int:
     return 500
 
 
+def field_details(request: Request, fields: tuple[FieldError, ...]) -> list[dict[str, Any]]:
+    """The ``details`` of an error about ``fields`` of ``request``, each located in the request."""
+    return [
+        {"loc": ["path" if f.loc and f.loc[0] in request.path_params else "body", *f.loc], "msg": f.msg, "type": f.type}
+        for f in fields
+    ]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that give every error the standard shape."""
 
     @app.exception_handler(TetherError)
-    async def tether_error(_: Request, exc: TetherError) -> JSONResponse:
-        return error_response(status_for(exc), exc.code, exc.message, exc.details)
+    async def tether_error(request: Request, exc: TetherError) -> JSONResponse:
+        details = field_details(request, exc.fields) if exc.fields else exc.details
+        return error_response(status_for(exc), exc.code, exc.message, details)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -15,13 +15,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..store import TERMINAL_RUN_STATUSES
-from ..store.tables import ACTIVE_RUN_STATUSES
+from ..store import RunStatus
 from ._deps import runtime_of, store_of
 
 router = APIRouter(tags=["ops"])
 
-_STATUSES = (*ACTIVE_RUN_STATUSES, *TERMINAL_RUN_STATUSES)
+_STATUSES = tuple(RunStatus)
 
 
 class _Snapshot(Collector):

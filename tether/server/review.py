@@ -7,8 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 
 from ..errors import InvalidRequest
-from ._deps import actor_of, run_view, runtime_of, store_of
+from ._deps import actor_of, runtime_of, store_of
 from .schemas import ResumeThread
+from .views import audit_entry_view, load_run_view
 
 router = APIRouter(tags=["review"])
 
@@ -24,7 +25,7 @@ async def resume_thread(request: Request, thread_id: str, body: ResumeThread) ->
     await store_of(request).get_thread(thread_id, owner=actor_of(request))
     decisions = [d.model_dump() for d in body.decisions]
     run = await runtime_of(request).resume(thread_id, body.interrupt_id, decisions, actor=actor_of(request))
-    return await run_view(store_of(request), run)
+    return await load_run_view(store_of(request), run)
 
 
 @router.get("/v1/audit")
@@ -43,4 +44,5 @@ async def list_audit(
     if run_id is not None:
         run = await store.get_run(run_id)
         await store.get_thread(run.thread_id, owner=actor_of(request))
-    return {"items": await store.list_audit(thread_id=thread_id, run_id=run_id, limit=limit)}
+    entries = await store.list_audit(thread_id=thread_id, run_id=run_id, limit=limit)
+    return {"items": [audit_entry_view(entry) for entry in entries]}

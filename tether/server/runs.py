@@ -9,9 +9,10 @@ from fastapi.responses import JSONResponse, Response
 
 from ..errors import InvalidRequest
 from ..store import RunRecord
-from ._deps import actor_of, run_view, runtime_of, sse_ping_s_of, store_of
+from ._deps import actor_of, runtime_of, sse_ping_s_of, store_of
 from ._sse import sse_response
 from .schemas import CancelRun, CreateRun, MessageContent
+from .views import load_run_view, queued_message_view, run_view
 
 router = APIRouter(tags=["runs"])
 
@@ -35,26 +36,25 @@ async def _visible_run(request: Request, run_id: str) -> RunRecord:
 @router.post("/v1/threads/{thread_id}/runs", status_code=202, response_model=None)
 async def create_run(request: Request, thread_id: str, body: CreateRun) -> Response:
     """Start a run on a thread: 202 with the run, or its event stream with ``Accept: text/event-stream``."""
-    store, runtime = store_of(request), runtime_of(request)
-    await store.get_thread(thread_id, owner=actor_of(request))
-    run, _message, _event = await store.create_run(
-        thread_id=thread_id,
+    runtime = runtime_of(request)
+    run = await runtime.start_run(
+        thread_id,
         content=body.input.content if body.input is not None else None,
         parent_id=body.parent_id,
         use_active_leaf="parent_id" not in body.model_fields_set,
-        config=body.config.model_dump(),
+        config=body.config,
+        owner=actor_of(request),
     )
-    runtime.launch(run)
     headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
     if wants_event_stream(request):
-        return sse_response(store, runtime.bus, run.id, after_seq=0, ping_s=sse_ping_s_of(request), headers=headers)
-    return JSONResponse(run.to_api(), status_code=202, headers=headers)
+        return sse_response(store_of(request), runtime.bus, run.id, after_seq=0, ping_s=sse_ping_s_of(request), headers=headers)
+    return JSONResponse(run_view(run), status_code=202, headers=headers)
 
 
 @router.get("/v1/runs/{run_id}")
 async def get_run(request: Request, run_id: str) -> dict[str, Any]:
     """A run with its status and outcome."""
-    return await run_view(store_of(request), await _visible_run(request, run_id))
+    return await load_run_view(store_of(request), await _visible_run(request, run_id))
 
 
 @router.get("/v1/runs/{run_id}/events", response_model=None)
@@ -93,8 +93,9 @@ async def run_events(
 @router.post("/v1/runs/{run_id}/messages", status_code=202)
 async def steer_run(request: Request, run_id: str, body: MessageContent) -> dict[str, Any]:
     """Send a correction into a running run; 409 ``run_not_active`` unless it is ``running``."""
-    await _visible_run(request, run_id)
-    return await runtime_of(request).steer(run_id, body.content)
+    run = await _visible_run(request, run_id)
+    message_id = await runtime_of(request).steer(run_id, body.content)
+    return queued_message_view(message_id, run, body.content)
 
 
 @router.post("/v1/runs/{run_id}/cancel", status_code=202)
@@ -103,4 +104,4 @@ async def cancel_run(request: Request, run_id: str, body: CancelRun | None = Non
     await _visible_run(request, run_id)
     body = body or CancelRun()
     run = await runtime_of(request).cancel(run_id, mode=body.mode, reason=body.reason, actor=actor_of(request))
-    return JSONResponse(await run_view(store_of(request), run), status_code=202)
+    return JSONResponse(await load_run_view(store_of(request), run), status_code=202)

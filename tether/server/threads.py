@@ -7,8 +7,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 
 from ..store import MessageRecord
-from ._deps import actor_of, store_of, thread_views
+from ._deps import actor_of, store_of
 from .schemas import CreateThread, MessageContent, SetActiveLeaf
+from .views import load_thread_views, message_view, thread_view
 
 router = APIRouter(prefix="/v1/threads", tags=["threads"])
 
@@ -18,7 +19,7 @@ async def create_thread(request: Request, body: CreateThread | None = None) -> d
     """Create a thread."""
     store = store_of(request)
     thread = await store.create_thread(owner=actor_of(request), metadata=(body or CreateThread()).metadata)
-    return thread.to_api(active_run_id=None)
+    return thread_view(thread, active_run_id=None)
 
 
 @router.get("")
@@ -26,7 +27,7 @@ async def list_threads(request: Request, limit: int = Query(default=100, ge=1, l
     """The caller's threads, newest first."""
     store = store_of(request)
     items = await store.list_threads(owner=actor_of(request), limit=limit)
-    return {"items": await thread_views(store, items)}
+    return {"items": await load_thread_views(store, items)}
 
 
 @router.get("/{thread_id}")
@@ -34,14 +35,14 @@ async def get_thread(request: Request, thread_id: str) -> dict[str, Any]:
     """One thread, with its active run."""
     store = store_of(request)
     thread = await store.get_thread(thread_id, owner=actor_of(request))
-    return (await thread_views(store, [thread]))[0]
+    return (await load_thread_views(store, [thread]))[0]
 
 
 def _with_siblings(messages: list[MessageRecord], selected: list[MessageRecord]) -> list[dict[str, Any]]:
     children: dict[str | None, list[str]] = {}
     for m in messages:  # oldest first, so sibling order is creation order
         children.setdefault(m.parent_id, []).append(m.id)
-    return [m.to_api(sibling_ids=children.get(m.parent_id, [m.id])) for m in selected]
+    return [message_view(m, sibling_ids=children.get(m.parent_id, [m.id])) for m in selected]
 
 
 @router.get("/{thread_id}/messages")
@@ -71,7 +72,7 @@ async def set_active_leaf(request: Request, thread_id: str, body: SetActiveLeaf)
     store = store_of(request)
     thread = await store.get_thread(thread_id, owner=actor_of(request))
     await store.set_active_leaf(thread.id, body.message_id)
-    return (await thread_views(store, [await store.get_thread(thread.id)]))[0]
+    return (await load_thread_views(store, [await store.get_thread(thread.id)]))[0]
 
 
 messages_router = APIRouter(prefix="/v1/messages", tags=["threads"])
@@ -85,4 +86,4 @@ async def edit_message(request: Request, message_id: str, body: MessageContent) 
     await store.get_thread(original.thread_id, owner=actor_of(request))
     edited = await store.add_edited_version(message_id, body.content)
     siblings = [m.id for m in await store.thread_messages(edited.thread_id) if m.parent_id == edited.parent_id]
-    return edited.to_api(sibling_ids=siblings)
+    return message_view(edited, sibling_ids=siblings)

@@ -9,136 +9,23 @@ concurrent cancel.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from .._ids import as_utc, new_id, utcnow
+from .._ids import as_utc
 from ..errors import InterruptExpired, InterruptResolved, NotFound
-from ..events import format_ts
-from .tables import audit, events, interrupts, runs
+from ..events import StoredEvent, format_ts
+from ._events import EventStore
+from .records import AuditEntry, InterruptRecord, RunRecord, RunStatus, audit_entry, interrupt_record, run_record
+from .tables import audit, interrupts, runs
 
-if TYPE_CHECKING:
-    from . import StoredEvent
-
-__all__ = ["InterruptRecord", "AuditEntry", "ReviewStoreMixin", "args_digest"]
-
-
-def args_digest(args: Any) -> str:
-    """A digest of (already masked) tool arguments, for the audit log."""
-    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
+__all__ = ["ReviewStore"]
 
 
-@dataclass(frozen=True, slots=True)
-class InterruptRecord:
-    """An interrupt row."""
-
-    id: str
-    run_id: str
-    thread_id: str
-    status: str
-    action_requests: list[dict[str, Any]]
-    review_configs: list[dict[str, Any]]
-    turn: dict[str, Any]
-    decisions: list[dict[str, Any]] | None
-    resolved_by: str | None
-    created_at: datetime
-    expires_at: datetime
-    resolved_at: datetime | None
-
-    def to_api(self, now: datetime | None = None) -> dict[str, Any]:
-        """The interrupt as the API shows it (sensitive args masked; no internal call state)."""
-        now = now or utcnow()
-        end = self.resolved_at or now
-        return {
-            "id": self.id,
-            "run_id": self.run_id,
-            "thread_id": self.thread_id,
-            "status": self.status,
-            "action_requests": self.action_requests,
-            "review_configs": self.review_configs,
-            "decisions": self.decisions,
-            "resolved_by": self.resolved_by,
-            "created_at": format_ts(self.created_at),
-            "expires_at": format_ts(self.expires_at),
-            "resolved_at": format_ts(self.resolved_at) if self.resolved_at else None,
-            "waited_s": round(max(0.0, (end - self.created_at).total_seconds()), 3),
-            "expires_in_s": round((self.expires_at - now).total_seconds(), 3) if self.status == "pending" else None,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class AuditEntry:
-    """One audit log entry (fields that do not apply are None)."""
-
-    action: str
-    actor: str
-    thread_id: str | None = None
-    run_id: str | None = None
-    interrupt_id: str | None = None
-    call_id: str | None = None
-    tool: str | None = None
-    args_digest: str | None = None
-    decision: str | None = None
-    reason: str | None = None
-    outcome: str | None = None
-    details: Any = None
-
-    def values(self) -> dict[str, Any]:
-        return {
-            "id": new_id("aud"),
-            "ts": utcnow(),
-            "actor": self.actor,
-            "action": self.action,
-            "thread_id": self.thread_id,
-            "run_id": self.run_id,
-            "interrupt_id": self.interrupt_id,
-            "call_id": self.call_id,
-            "tool": self.tool,
-            "args_digest": self.args_digest,
-            "decision": self.decision,
-            "reason": self.reason,
-            "outcome": self.outcome,
-            "details": self.details,
-        }
-
-
-def _interrupt(row: Any) -> InterruptRecord:
-    return InterruptRecord(
-        id=row.id,
-        run_id=row.run_id,
-        thread_id=row.thread_id,
-        status=row.status,
-        action_requests=row.action_requests,
-        review_configs=row.review_configs,
-        turn=row.turn,
-        decisions=row.decisions,
-        resolved_by=row.resolved_by,
-        created_at=as_utc(row.created_at),  # type: ignore[arg-type]
-        expires_at=as_utc(row.expires_at),  # type: ignore[arg-type]
-        resolved_at=as_utc(row.resolved_at),
-    )
-
-
-async def _next_seq(conn: AsyncConnection, run_id: str) -> int:
-    value = (await conn.execute(sa.select(sa.func.max(events.c.seq)).where(events.c.run_id == run_id))).scalar()
-    return int(value or 0) + 1
-
-
-class ReviewStoreMixin:
+class ReviewStore(EventStore):
     """Interrupt and audit operations of :class:`~tether.store.Store`."""
-
-    _writing: Callable[..., Any]
-    _reading: Callable[..., Any]
-    _announce: Callable[..., Any]
-    instance_id: str
-    _lease_values: Callable[[], dict[str, Any]]
 
     async def open_interrupt(self, record: InterruptRecord, event: StoredEvent) -> bool:
         """Park a run: ``running → waiting_human``, insert the interrupt and its event, atomically.
@@ -150,8 +37,8 @@ class ReviewStoreMixin:
             # A waiting run belongs to no process: whoever resolves the interrupt executes it.
             result = await conn.execute(
                 runs.update()
-                .where(runs.c.id == record.run_id, runs.c.status == "running", runs.c.executor_id == self.instance_id)
-                .values(status="waiting_human", executor_id=None, lease_expires_at=None)
+                .where(runs.c.id == record.run_id, runs.c.status == RunStatus.RUNNING.value, runs.c.executor_id == self.instance_id)
+                .values(status=RunStatus.WAITING_HUMAN.value, executor_id=None, lease_expires_at=None)
             )
             if result.rowcount != 1:
                 return False
@@ -163,8 +50,7 @@ class ReviewStoreMixin:
                     created_at=record.created_at, expires_at=record.expires_at, resolved_at=None,
                 )
             )
-            await conn.execute(events.insert().values(run_id=record.run_id, seq=event.seq, type=event.type, envelope=event.envelope))
-            await self._announce(conn, record.run_id, event.seq)
+            await self._write_events(conn, record.run_id, [event])
         return True
 
     async def get_interrupt(self, interrupt_id: str) -> InterruptRecord:
@@ -173,7 +59,7 @@ class ReviewStoreMixin:
             row = (await conn.execute(interrupts.select().where(interrupts.c.id == interrupt_id))).first()
         if row is None:
             raise NotFound(f"interrupt {interrupt_id!r} not found", code="interrupt_not_found")
-        return _interrupt(row)
+        return interrupt_record(row)
 
     async def pending_interrupts(self, *, run_ids: Sequence[str] = (), thread_ids: Sequence[str] = ()) -> list[InterruptRecord]:
         """Pending interrupts of the given runs or threads."""
@@ -182,14 +68,14 @@ class ReviewStoreMixin:
         cond = sa.or_(interrupts.c.run_id.in_(list(run_ids)), interrupts.c.thread_id.in_(list(thread_ids)))
         async with self._reading() as conn:
             rows = await conn.execute(interrupts.select().where(interrupts.c.status == "pending", cond))
-            return [_interrupt(r) for r in rows]
+            return [interrupt_record(r) for r in rows]
 
     async def latest_interrupt(self, run_id: str) -> InterruptRecord | None:
         """The run's most recent interrupt."""
         query = interrupts.select().where(interrupts.c.run_id == run_id).order_by(interrupts.c.created_at.desc()).limit(1)
         async with self._reading() as conn:
             row = (await conn.execute(query)).first()
-        return _interrupt(row) if row is not None else None
+        return interrupt_record(row) if row is not None else None
 
     async def due_interrupts(self, now: datetime, *, limit: int = 100) -> list[InterruptRecord]:
         """Pending interrupts whose ``expires_at`` has passed."""
@@ -200,7 +86,7 @@ class ReviewStoreMixin:
             .limit(limit)
         )
         async with self._reading() as conn:
-            return [_interrupt(r) for r in await conn.execute(query)]
+            return [interrupt_record(r) for r in await conn.execute(query)]
 
     async def count_pending_interrupts(self) -> int:
         """How many interrupts wait for a decision (for ``/metrics``)."""
@@ -225,19 +111,19 @@ class ReviewStoreMixin:
         actor: str,
         make_event: Callable[[str, int], StoredEvent],
         audit_entries: Sequence[AuditEntry],
-    ) -> tuple[InterruptRecord, StoredEvent, Any]:
+    ) -> tuple[InterruptRecord, StoredEvent, RunRecord]:
         """The one transition out of ``pending``: to ``resolved`` (decisions) or ``expired``.
 
         In one transaction: the interrupt's conditional update, ``waiting_human → running`` for
         its run, the ``resumed`` event (built by ``make_event(run_id, seq)``) and the audit
-        entries. Returns the interrupt, the event and the run's row as committed.
+        entries. Returns the interrupt, the event and the run as committed.
         Raises :class:`InterruptResolved` / :class:`InterruptExpired` when it lost.
         """
         async with self._writing() as conn:
             row = (await conn.execute(interrupts.select().where(interrupts.c.id == interrupt_id))).first()
             if row is None:
                 raise NotFound(f"interrupt {interrupt_id!r} not found", code="interrupt_not_found")
-            current = _interrupt(row)
+            current = interrupt_record(row)
             _refuse_unless_pending(current, now, expiring=to_status == "expired")
             condition = [interrupts.c.id == interrupt_id, interrupts.c.status == "pending"]
             condition.append(interrupts.c.expires_at <= now if to_status == "expired" else interrupts.c.expires_at > now)
@@ -248,15 +134,14 @@ class ReviewStoreMixin:
                 raise InterruptResolved(f"interrupt {interrupt_id!r} was resolved by someone else")
             result = await conn.execute(
                 runs.update()
-                .where(runs.c.id == current.run_id, runs.c.status == "waiting_human")
-                .values(status="running", **self._lease_values())  # the resolver executes it
+                .where(runs.c.id == current.run_id, runs.c.status == RunStatus.WAITING_HUMAN.value)
+                .values(status=RunStatus.RUNNING.value, **self._lease_values())  # the resolver executes it
             )
             if result.rowcount != 1:
                 # The run was cancelled meanwhile: raising rolls the whole transaction back.
                 raise InterruptResolved(f"run {current.run_id!r} is no longer waiting for this interrupt")
-            event = make_event(current.run_id, await _next_seq(conn, current.run_id))
-            await conn.execute(events.insert().values(run_id=current.run_id, seq=event.seq, type=event.type, envelope=event.envelope))
-            await self._announce(conn, current.run_id, event.seq)
+            event = make_event(current.run_id, await self._next_seq(conn, current.run_id))
+            await self._write_events(conn, current.run_id, [event])
             if audit_entries:
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
             run_row = (await conn.execute(runs.select().where(runs.c.id == current.run_id))).first()
@@ -264,7 +149,7 @@ class ReviewStoreMixin:
             current.id, current.run_id, current.thread_id, to_status, current.action_requests, current.review_configs,
             turn, decisions, actor, current.created_at, current.expires_at, now,
         )
-        return updated, event, run_row
+        return updated, event, run_record(run_row)
 
     async def add_audit(self, entries: Sequence[AuditEntry]) -> None:
         """Append audit entries."""
@@ -272,7 +157,7 @@ class ReviewStoreMixin:
             async with self._writing() as conn:
                 await conn.execute(audit.insert(), [e.values() for e in entries])
 
-    async def list_audit(self, *, thread_id: str | None = None, run_id: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    async def list_audit(self, *, thread_id: str | None = None, run_id: str | None = None, limit: int = 1000) -> list[AuditEntry]:
         """Audit entries, oldest first, filtered by thread and/or run."""
         query = audit.select().order_by(audit.c.ts, audit.c.id).limit(limit)
         if thread_id:
@@ -280,16 +165,7 @@ class ReviewStoreMixin:
         if run_id:
             query = query.where(audit.c.run_id == run_id)
         async with self._reading() as conn:
-            rows = (await conn.execute(query)).all()
-        return [
-            {
-                "id": r.id, "ts": format_ts(as_utc(r.ts)), "actor": r.actor, "action": r.action,  # type: ignore[arg-type]
-                "thread_id": r.thread_id, "run_id": r.run_id, "interrupt_id": r.interrupt_id, "call_id": r.call_id,
-                "tool": r.tool, "args_digest": r.args_digest, "decision": r.decision, "reason": r.reason,
-                "outcome": r.outcome, "details": r.details,
-            }
-            for r in rows
-        ]
+            return [audit_entry(row) for row in await conn.execute(query)]
 
 
 def _refuse_unless_pending(current: InterruptRecord, now: datetime, *, expiring: bool) -> None:

@@ -12,6 +12,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .records import ACTIVE_RUN_STATUSES
+
+__all__ = ["metadata", "threads", "messages", "runs", "events", "interrupts", "audit", "ACTIVE_RUN_STATUSES", "ACTIVE_RUN_SQL", "has_active_run"]
+
 metadata = sa.MetaData()
 
 #: ``json``, not ``jsonb``, on PostgreSQL: jsonb reorders keys and rewrites numbers (``1e300``
@@ -44,9 +48,9 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
 
 Timestamp = UTCDateTime()
 
-#: Run statuses that are not terminal: at most one run per thread may be in one of these.
-ACTIVE_RUN_STATUSES = ("queued", "running", "waiting_human", "cancelling")
-ACTIVE_RUN_SQL = "status IN ('queued', 'running', 'waiting_human', 'cancelling')"
+#: The condition of the partial unique index "at most one active run per thread" (migration 0001
+#: wrote it with this very text: ``status IN ('queued', 'running', 'waiting_human', 'cancelling')``).
+ACTIVE_RUN_SQL = "status IN (" + ", ".join(f"'{status.value}'" for status in ACTIVE_RUN_STATUSES) + ")"
 
 threads = sa.Table(
     "threads",
@@ -165,3 +169,8 @@ audit = sa.Table(
     sa.Index("ix_audit_thread", "thread_id", "ts"),
     sa.Index("ix_audit_run", "run_id", "ts"),
 )
+
+
+def has_active_run(thread_id: str) -> sa.Exists:
+    """``EXISTS`` a run of the thread that is not terminal (for conditional writes)."""
+    return sa.exists().where(runs.c.thread_id == thread_id, runs.c.status.in_(ACTIVE_RUN_STATUSES))

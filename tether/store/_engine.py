@@ -1,0 +1,168 @@
+"""The store's engine: database URLs, connections, SQLite settings, and migrations at open.
+
+One code path for SQLite (the embedded default) and PostgreSQL: SQLAlchemy Core over an async
+driver. SQLite has one writer at a time; the store serialises its own write transactions with a
+lock (as Datasette does) instead of letting them collide on ``SQLITE_BUSY``. Readers never wait.
+
+Several stores may open one database at once (server processes starting together): the schema
+is migrated under a lock, in the database and in the process, so exactly one of them creates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Self
+
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from .._ids import new_id, utcnow
+
+__all__ = ["StoreBase", "normalize_db_url"]
+
+
+def normalize_db_url(url: str) -> str:
+    """Accept ``sqlite:///path`` and ``postgresql://…`` and pick the async drivers."""
+    if url.startswith("sqlite:///") or url == "sqlite://":
+        return "sqlite+aiosqlite" + url[len("sqlite") :]
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+asyncpg://" + url.split("://", 1)[1]
+    return url
+
+
+class StoreBase:
+    """Connections, transactions and the schema; the store's operations build on these."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.is_sqlite = engine.dialect.name == "sqlite"
+        #: This process's identity: it owns the runs it executes (``runs.executor_id``) and
+        #: tags its notifications so it can ignore its own.
+        self.instance_id = new_id("proc")
+        #: How long a run's claim lasts without renewal (another process may then take it over).
+        self.lease_s = 10.0
+        # SQLite allows one writer; serialise ours rather than collide on SQLITE_BUSY.
+        self._write_lock: asyncio.Lock | None = asyncio.Lock() if self.is_sqlite else None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, url: str) -> Self:
+        """Connect to ``url`` and bring the schema up to date (creating a SQLite file if needed)."""
+        url = normalize_db_url(url)
+        kwargs: dict[str, Any] = {}
+        if url.startswith("sqlite"):
+            path = sa.engine.make_url(url).database
+            if path and path != ":memory:":
+                Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"timeout": 30}
+        else:
+            kwargs.update(pool_size=5, max_overflow=10, pool_pre_ping=True)
+        engine = create_async_engine(url, **kwargs)
+        if engine.dialect.name == "sqlite":
+            sa_event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        store = cls(engine)
+        await store.migrate()
+        return store
+
+    async def migrate(self) -> None:
+        """Apply pending Alembic migrations."""
+        from alembic import command
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+
+        def upgrade(sync_conn: sa.Connection) -> None:
+            cfg.attributes["connection"] = sync_conn
+            command.upgrade(cfg, "head")
+
+        # Stores opening one database at once (server processes starting together) must not
+        # both create the tables: the first migrates under a database lock, the others then
+        # find the schema at head. Alembic's ``context`` is process-global, so two upgrades
+        # interleaving on one event loop (or in two threads) also clobber each other.
+        await self._under_schema_lock(upgrade)
+
+    async def create_tables(self, metadata: sa.MetaData) -> None:
+        """Create an agent's own tables if missing (safe when several processes start at once)."""
+        await self._under_schema_lock(metadata.create_all)
+
+    async def _under_schema_lock(self, fn: Callable[[sa.Connection], Any]) -> None:
+        async with _process_migration_lock():
+            async with self._writing() as conn:
+                if self.is_sqlite:
+                    # The write lock now, before anything reads the schema (pysqlite would
+                    # only BEGIN at the first DML, leaving DDL in autocommit).
+                    await conn.exec_driver_sql("BEGIN IMMEDIATE")
+                else:
+                    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_MIGRATION_LOCK_KEY)))
+                await conn.run_sync(fn)
+
+    async def aclose(self) -> None:
+        """Dispose of the connection pool."""
+        await self.engine.dispose()
+
+    # -- connections -----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _writing(self) -> AsyncIterator[AsyncConnection]:
+        if self._write_lock is None:
+            async with self.engine.begin() as conn:
+                yield conn
+            return
+        async with self._write_lock:
+            async with self.engine.begin() as conn:
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[AsyncConnection]:
+        async with self.engine.connect() as conn:
+            yield conn
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        """A write transaction (serialised on SQLite), for an agent's own tables."""
+        return self._writing()
+
+    def connection(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        """A read connection, for an agent's own tables."""
+        return self._reading()
+
+    # -- this process's claim on a run -----------------------------------------------------
+
+    def _lease_values(self) -> dict[str, Any]:
+        """The ``runs`` columns that make this process the run's executor, for ``lease_s``."""
+        return {"executor_id": self.instance_id, "lease_expires_at": utcnow() + timedelta(seconds=self.lease_s)}
+
+
+#: PostgreSQL advisory lock key held while migrating (any constant; "tether" in ASCII).
+_MIGRATION_LOCK_KEY = 0x746574686572
+_MIGRATION_LOCK = threading.Lock()
+
+
+@contextlib.asynccontextmanager
+async def _process_migration_lock() -> AsyncIterator[None]:
+    """One migration at a time in this process, across event loops and threads.
+
+    Polled rather than acquired in a worker thread, so a cancelled open never leaves the lock
+    taken by a thread nobody waits for.
+    """
+    while not _MIGRATION_LOCK.acquire(blocking=False):
+        await asyncio.sleep(0.005)
+    try:
+        yield
+    finally:
+        _MIGRATION_LOCK.release()
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()

@@ -1,0 +1,108 @@
+"""The store's event log: appending a run's events, reading them back, and telling other
+processes (PostgreSQL ``NOTIFY``) that there are new ones.
+
+Every write of events here also announces them in the same transaction, so on PostgreSQL the
+notification is delivered on commit and never announces an event that is not durable. A single
+SQLite process has no one to tell.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ..events import StoredEvent
+from . import notify
+from ._engine import StoreBase
+from .tables import events
+
+__all__ = ["EventStore"]
+
+
+class EventStore(StoreBase):
+    """Event log operations of :class:`~tether.store.Store`."""
+
+    async def append_events(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
+        """Append a batch of events in one transaction (the group commit)."""
+        if not batch:
+            return
+        async with self._writing() as conn:
+            if self.is_sqlite:
+                await _insert_events_sqlite(conn, run_id, batch)
+                return
+            await self._write_events(conn, run_id, batch)
+
+    async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Events with ``seq > after_seq``, in order."""
+        query = (
+            sa.select(events.c.seq, events.c.type, events.c.envelope)
+            .where(events.c.run_id == run_id, events.c.seq > after_seq)
+            .order_by(events.c.seq)
+            .limit(limit)
+        )
+        async with self._reading() as conn:
+            return [StoredEvent(r.seq, r.type, r.envelope) for r in await conn.execute(query)]
+
+    async def last_seq(self, run_id: str) -> int:
+        """The highest ``seq`` of a run (0 if none)."""
+        async with self._reading() as conn:
+            return await _last_seq(conn, run_id)
+
+    async def send_control(self, message: dict[str, Any]) -> None:
+        """Send a small command to every other process (e.g. cancel a run it executes)."""
+        if self.is_sqlite:
+            return  # one process: no one else to tell
+        async with self._writing() as conn:
+            await _notify(conn, notify.CONTROL_CHANNEL, notify.control_payload(message, self.instance_id))
+
+    # -- inside other transactions ---------------------------------------------------------
+
+    async def _write_events(self, conn: AsyncConnection, run_id: str, batch: Sequence[StoredEvent]) -> None:
+        """Insert ``batch`` in the caller's transaction and announce it on commit."""
+        await conn.execute(
+            events.insert(), [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for e in batch]
+        )
+        if not self.is_sqlite:
+            await _notify(conn, notify.EVENTS_CHANNEL, notify.events_payload(self.instance_id, run_id, batch[-1].seq))
+
+    @staticmethod
+    async def _next_seq(conn: AsyncConnection, run_id: str) -> int:
+        """The seq the run's next event gets, read in the caller's transaction."""
+        return await _last_seq(conn, run_id) + 1
+
+
+async def _last_seq(conn: AsyncConnection, run_id: str) -> int:
+    value = (await conn.execute(sa.select(sa.func.max(events.c.seq)).where(events.c.run_id == run_id))).scalar()
+    return int(value or 0)
+
+
+async def _notify(conn: AsyncConnection, channel: str, payload: str) -> None:
+    await conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
+
+
+# Bound parameters one SQLite statement may take (SQLITE_MAX_VARIABLE_NUMBER: 999 before 3.32).
+_SQLITE_MAX_VARIABLES = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
+_EVENT_COLUMNS = ("run_id", "seq", "type", "envelope")
+_SQLITE_EVENT_ROWS_PER_INSERT = min(_SQLITE_MAX_VARIABLES // len(_EVENT_COLUMNS), 2000)
+
+
+async def _insert_events_sqlite(conn: AsyncConnection, run_id: str, batch: Sequence[StoredEvent]) -> None:
+    """Insert a batch with one multi-row ``INSERT`` per chunk, not an ``executemany``.
+
+    aiosqlite runs SQLite in its own thread, and ``executemany`` binds and steps row by row,
+    taking the GIL back for each row. While the event loop is busy (a model streaming tokens,
+    which is exactly when batches are big), every one of those handoffs waits for the loop
+    thread: a 4,000-row commit took 120-400 ms instead of 15. One statement per chunk binds
+    once and steps once, and skips SQLAlchemy's per-row parameter processing too.
+    """
+    rows = _SQLITE_EVENT_ROWS_PER_INSERT
+    head = f"INSERT INTO {events.name} ({', '.join(_EVENT_COLUMNS)}) VALUES "
+    for start in range(0, len(batch), rows):
+        chunk = batch[start : start + rows]
+        params: list[Any] = []
+        for e in chunk:
+            params += (run_id, e.seq, e.type, e.envelope)
+        await conn.exec_driver_sql(head + ",".join(["(?,?,?,?)"] * len(chunk)), tuple(params))

@@ -1,0 +1,299 @@
+"""The store's runs: creation, status transitions, and which process executes each one.
+
+Every transition that may race (a cancel against a finish, two processes claiming one run) is a
+single conditional write, ``UPDATE runs … WHERE status IN (…)``, so it holds across processes:
+the write that matches wins and the other finds nothing to change. "One active run per thread"
+is a partial unique index, so the database refuses a second one whoever asks.
+
+A process executing a run holds a *lease* on it (``executor_id``, ``lease_expires_at``) and
+renews it while it runs; a run whose lease lapsed (its process died) is claimed by another
+process, again by one conditional write.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from .._ids import new_id, utcnow
+from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadBusy
+from ..events import Envelope, RunStarted, StoredEvent
+from ._events import EventStore
+from ._tree import splits_a_tool_turn
+from .records import (
+    ACTIVE_RUN_STATUSES,
+    EXECUTOR_RUN_STATUSES,
+    AuditEntry,
+    MessageRecord,
+    RunRecord,
+    RunStatus,
+    message_record,
+    message_values,
+    run_record,
+)
+from .tables import audit, interrupts, messages, runs, threads
+
+__all__ = ["RunStore"]
+
+#: Statuses a cancel request moves to ``cancelling`` (a second request finds it there already).
+_CANCELLABLE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_HUMAN)
+
+
+class RunStore(EventStore):
+    """Run operations of :class:`~tether.store.Store`."""
+
+    async def create_run(
+        self,
+        *,
+        thread_id: str,
+        content: str | None,
+        parent_id: str | None,
+        use_active_leaf: bool,
+        config: dict[str, Any],
+        owner: str | None = None,
+    ) -> tuple[RunRecord, MessageRecord, StoredEvent]:
+        """Create a queued run, its input and its ``run_started`` event, atomically.
+
+        With ``content``: a new user message, child of the active leaf (``use_active_leaf``) or
+        of ``parent_id`` (``None`` = a new root: editing the first message). A parent other than
+        the active leaf forks the thread. Without ``content`` the run *regenerates*: its input
+        is the existing user message ``parent_id`` and its answer becomes a sibling of the
+        earlier answers. The active leaf moves to the run's input either way.
+
+        Raises :class:`NotFound` if the thread is missing or (given ``owner``) someone else's, and
+        :class:`ThreadBusy` if it already has a non-terminal run (the partial unique index
+        decides, so this holds across processes).
+        """
+        now = utcnow()
+        run_id = new_id("run")
+        async with self._writing() as conn:
+            thread_row = (await conn.execute(threads.select().where(threads.c.id == thread_id))).first()
+            if thread_row is None or (owner is not None and thread_row.owner != owner):
+                raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
+            if use_active_leaf:
+                parent_id = thread_row.active_leaf_id
+            parent = None
+            if parent_id is not None:
+                row = (await conn.execute(messages.select().where(messages.c.id == parent_id))).first()
+                if row is None or row.thread_id != thread_id:
+                    raise InvalidRequest(
+                        f"parent_id {parent_id!r} is not a message of thread {thread_id!r}",
+                        code="invalid_parent",
+                        fields=[FieldError(("parent_id",), "not a message of this thread", "invalid_parent")],
+                    )
+                parent = message_record(row)
+                if content is not None and not use_active_leaf and await splits_a_tool_turn(conn, parent):
+                    raise InvalidRequest(
+                        f"parent_id {parent_id!r} is inside a tool turn: a message there would leave a tool call without its result",
+                        code="invalid_parent",
+                        fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
+                    )
+            if content is not None:
+                message = MessageRecord(new_id("msg"), thread_id, parent_id, run_id, "user", content, created_at=now)
+            elif parent is not None and parent.role == "user":
+                message = parent  # regenerate: the input is the existing user message
+            else:
+                raise InvalidRequest(
+                    "a run without input regenerates an answer: parent_id must be a user message of this thread",
+                    code="input_required",
+                    fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
+                )
+            lease = self._lease_values()
+            run = RunRecord(run_id, thread_id, RunStatus.QUEUED, config, message.id, now, None, None, None, None, None, None, **lease)
+            try:
+                # The first write of the transaction: if the partial unique index refuses it,
+                # nothing else has been written and the whole transaction rolls back.
+                await conn.execute(
+                    runs.insert().values(
+                        id=run_id, thread_id=thread_id, status=RunStatus.QUEUED.value, config=config,
+                        input_message_id=message.id, created_at=now, **lease,
+                    )
+                )
+            except IntegrityError:
+                raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
+            if content is not None:
+                await conn.execute(messages.insert().values(**message_values(message)))
+            await conn.execute(
+                threads.update().where(threads.c.id == thread_id).values(active_leaf_id=message.id, updated_at=now)
+            )
+            started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message.id), now)
+            stored = StoredEvent(1, started.type, started.to_json())
+            await self._write_events(conn, run_id, [stored])
+        return run, message, stored
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        """Read a run; :class:`NotFound` if missing."""
+        async with self._reading() as conn:
+            row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
+        if row is None:
+            raise NotFound(f"run {run_id!r} not found", code="run_not_found")
+        return run_record(row)
+
+    async def runs_in_status(self, statuses: Sequence[str]) -> list[RunRecord]:
+        """Runs currently in any of ``statuses``."""
+        async with self._reading() as conn:
+            return [run_record(r) for r in await conn.execute(runs.select().where(runs.c.status.in_(_values(statuses))))]
+
+    async def list_runs(self, thread_id: str) -> list[RunRecord]:
+        """A thread's runs, oldest first."""
+        query = runs.select().where(runs.c.thread_id == thread_id).order_by(runs.c.created_at, runs.c.id)
+        async with self._reading() as conn:
+            return [run_record(r) for r in await conn.execute(query)]
+
+    async def active_run_ids(self, thread_ids: Iterable[str]) -> dict[str, str]:
+        """Map thread id → id of its non-terminal run, for those that have one."""
+        ids = list(thread_ids)
+        if not ids:
+            return {}
+        query = sa.select(runs.c.thread_id, runs.c.id).where(
+            runs.c.thread_id.in_(ids), runs.c.status.in_(_values(ACTIVE_RUN_STATUSES))
+        )
+        async with self._reading() as conn:
+            return {row.thread_id: row.id for row in await conn.execute(query)}
+
+    async def count_runs_by_status(self) -> dict[str, int]:
+        """How many runs are in each status (for ``/metrics``)."""
+        query = sa.select(runs.c.status, sa.func.count()).group_by(runs.c.status)
+        async with self._reading() as conn:
+            return {row[0]: int(row[1]) for row in await conn.execute(query)}
+
+    # -- transitions -----------------------------------------------------------------------
+
+    async def mark_running(self, run_id: str) -> bool:
+        """``queued`` → ``running``; False if the run was not queued."""
+        async with self._writing() as conn:
+            result = await conn.execute(
+                runs.update()
+                .where(runs.c.id == run_id, runs.c.status == RunStatus.QUEUED.value)
+                .values(status=RunStatus.RUNNING.value, started_at=utcnow())
+            )
+        return result.rowcount == 1
+
+    async def request_cancel(self, run_id: str, *, mode: str, reason: str | None, actor: str) -> RunRecord:
+        """Record a cancel request: active → ``cancelling``; a second hard request upgrades a soft one.
+
+        Raises :class:`RunNotActive` when the run is already terminal.
+        """
+        async with self._writing() as conn:
+            await conn.execute(
+                runs.update()
+                .where(runs.c.id == run_id, runs.c.status.in_(_values(_CANCELLABLE)))
+                .values(status=RunStatus.CANCELLING.value, cancel_mode=mode, cancel_reason=reason, cancel_actor=actor)
+            )
+            if mode == "hard":
+                await conn.execute(
+                    runs.update()
+                    .where(runs.c.id == run_id, runs.c.status == RunStatus.CANCELLING.value)
+                    .values(cancel_mode="hard")
+                )
+            row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
+        if row is None:
+            raise NotFound(f"run {run_id!r} not found", code="run_not_found")
+        record = run_record(row)
+        if record.terminal:
+            raise RunNotActive(f"run {run_id!r} is already {record.status}", details={"status": record.status.value})
+        return record
+
+    async def finish_run(
+        self,
+        run_id: str,
+        *,
+        status: str,
+        final_event: StoredEvent,
+        from_statuses: Sequence[str],
+        error: dict[str, Any] | None = None,
+        events_before: Sequence[StoredEvent] = (),
+        audit_entries: Sequence[AuditEntry] = (),
+        as_executor: bool = False,
+    ) -> bool:
+        """Move the run to a terminal ``status`` and append its terminal event, in one transaction.
+
+        Only succeeds while the run is in one of ``from_statuses``: this is what keeps a run that
+        is being cancelled from ever being committed as ``completed``. With ``as_executor`` it
+        also needs this process's claim on the run: an executor whose run was taken over (it
+        stalled past its lease) cannot end it.
+        """
+        condition = [runs.c.id == run_id, runs.c.status.in_(_values(from_statuses))]
+        if as_executor:
+            condition.append(runs.c.executor_id == self.instance_id)
+        async with self._writing() as conn:
+            result = await conn.execute(
+                runs.update().where(*condition).values(status=str(status), ended_at=utcnow(), error=error)
+            )
+            if result.rowcount != 1:
+                return False  # nothing was written
+            # A terminal run has no pending interrupt: nothing can approve its actions any more.
+            await conn.execute(
+                interrupts.update()
+                .where(interrupts.c.run_id == run_id, interrupts.c.status == "pending")
+                .values(status="cancelled", resolved_at=utcnow())
+            )
+            await self._write_events(conn, run_id, [*events_before, final_event])
+            if audit_entries:
+                await conn.execute(audit.insert(), [e.values() for e in audit_entries])
+        return True
+
+    # -- leases: which process executes a run --------------------------------------------
+
+    async def renew_leases(self, run_ids: Sequence[str]) -> set[str]:
+        """Extend this process's claim on the runs it executes; returns the runs it still holds
+        (a run missing from the answer was taken over by another process)."""
+        if not run_ids:
+            return set()
+        async with self._writing() as conn:
+            result = await conn.execute(
+                runs.update()
+                .where(runs.c.id.in_(list(run_ids)), runs.c.executor_id == self.instance_id)
+                .values(lease_expires_at=self._lease_values()["lease_expires_at"])
+                .returning(runs.c.id)
+            )
+            return {row[0] for row in result}
+
+    async def claim_abandoned(self, *, limit: int = 20) -> list[RunRecord]:
+        """Claim runs that need an executor and whose claim has lapsed (the process that
+        executed them died). Each is claimed by one conditional write: exactly one process
+        wins it."""
+        now = utcnow()
+        query = (
+            runs.select()
+            .where(
+                runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES)),
+                sa.or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at < now),
+            )
+            .limit(limit)
+        )
+        async with self._reading() as conn:
+            candidates = (await conn.execute(query)).all()
+        claimed: list[RunRecord] = []
+        for row in candidates:
+            async with self._writing() as conn:
+                result = await conn.execute(
+                    runs.update()
+                    .where(
+                        runs.c.id == row.id,
+                        runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES)),
+                        sa.or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at < now),
+                    )
+                    .values(**self._lease_values())
+                )
+                if result.rowcount == 1:
+                    fresh = (await conn.execute(runs.select().where(runs.c.id == row.id))).first()
+                    claimed.append(run_record(fresh))
+        return claimed
+
+    async def claim_all_active(self) -> list[RunRecord]:
+        """Single-process start-up (SQLite): every run that needs an executor is ours."""
+        needs_executor = runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES))
+        async with self._writing() as conn:
+            await conn.execute(runs.update().where(needs_executor).values(**self._lease_values()))
+            rows = (await conn.execute(runs.select().where(needs_executor))).all()
+        return [run_record(r) for r in rows]
+
+
+def _values(statuses: Iterable[str]) -> list[str]:
+    """Statuses as the plain strings the column holds (callers may pass :class:`RunStatus`)."""
+    return [str(status) for status in statuses]

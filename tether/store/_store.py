@@ -1,0 +1,17 @@
+"""``Store``: the sum of the store's parts, one per concern."""
+
+from __future__ import annotations
+
+from ._review import ReviewStore
+from ._runs import RunStore
+from ._tree import TreeStore
+
+__all__ = ["Store"]
+
+
+class Store(TreeStore, RunStore, ReviewStore):
+    """Async access to Tether's tables. Open with :meth:`open`, close with :meth:`aclose`.
+
+    Its operations live one concern per module (``_tree``, ``_runs``, ``_events``, ``_review``,
+    on the connections of ``_engine``); they all share this one engine and write lock.
+    """

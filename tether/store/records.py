@@ -1,0 +1,293 @@
+"""What the store returns: one plain dataclass per row, and the run status enum.
+
+Records are domain values with no HTTP in them: the server's ``views`` turn them into the JSON
+the API shows. The functions at the bottom build records from rows and rows from records; they
+are the only code that knows both the column names and the record fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from .._ids import as_utc, new_id, utcnow
+
+__all__ = [
+    "RunStatus",
+    "ACTIVE_RUN_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "EXECUTOR_RUN_STATUSES",
+    "ThreadRecord",
+    "RunRecord",
+    "MessageRecord",
+    "InterruptRecord",
+    "AuditEntry",
+    "args_digest",
+    "thread_record",
+    "run_record",
+    "message_record",
+    "message_values",
+    "interrupt_record",
+    "audit_entry",
+]
+
+
+class RunStatus(StrEnum):
+    """Where a run is in its life; the values are what the ``runs.status`` column stores."""
+
+    #: Created with its input and ``run_started``; no process has begun executing it.
+    QUEUED = "queued"
+    #: A process executes it (model calls, tools), holding a lease on it.
+    RUNNING = "running"
+    #: Parked on a pending interrupt: it lives in the store only, no process holds it.
+    WAITING_HUMAN = "waiting_human"
+    #: An explicit cancel was recorded; its executor (or the canceller) is finishing it.
+    CANCELLING = "cancelling"
+    #: Terminal: ended with ``done``.
+    COMPLETED = "completed"
+    #: Terminal: ended with ``error``.
+    FAILED = "failed"
+    #: Terminal: ended with ``cancelled``.
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """True for ``completed``, ``failed`` and ``cancelled``."""
+        return self in TERMINAL_RUN_STATUSES
+
+
+#: Terminal statuses: a run in one of these never changes again.
+TERMINAL_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+#: Every other status: at most one run per thread may be in one of these (a partial unique index).
+ACTIVE_RUN_STATUSES = tuple(status for status in RunStatus if status not in TERMINAL_RUN_STATUSES)
+#: Active statuses that need a process to execute the run (a waiting run needs a human instead).
+EXECUTOR_RUN_STATUSES = tuple(status for status in ACTIVE_RUN_STATUSES if status is not RunStatus.WAITING_HUMAN)
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadRecord:
+    """A thread row."""
+
+    id: str
+    owner: str
+    metadata: dict[str, Any]
+    active_leaf_id: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A run row."""
+
+    id: str
+    thread_id: str
+    status: RunStatus
+    config: dict[str, Any]
+    input_message_id: str | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    error: dict[str, Any] | None
+    cancel_mode: str | None
+    cancel_reason: str | None
+    cancel_actor: str | None
+    #: The process executing the run (None while it waits for a human, or once it ended).
+    executor_id: str | None = None
+    lease_expires_at: datetime | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """True once the run is completed, failed or cancelled."""
+        return self.status in TERMINAL_RUN_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A message row (a node of the thread's message tree)."""
+
+    id: str
+    thread_id: str
+    parent_id: str | None
+    run_id: str | None
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    status: str = "complete"
+    created_at: datetime = field(default_factory=utcnow)
+    #: Set on a user's edited version of an assistant message: the message it replaces.
+    edited_from_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptRecord:
+    """An interrupt row."""
+
+    id: str
+    run_id: str
+    thread_id: str
+    status: str
+    action_requests: list[dict[str, Any]]
+    review_configs: list[dict[str, Any]]
+    turn: dict[str, Any]
+    decisions: list[dict[str, Any]] | None
+    resolved_by: str | None
+    created_at: datetime
+    expires_at: datetime
+    resolved_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One audit log entry (fields that do not apply are None).
+
+    Built without ``id`` and ``ts`` to be written (the store gives both at the write); read back
+    with both.
+    """
+
+    action: str
+    actor: str
+    thread_id: str | None = None
+    run_id: str | None = None
+    interrupt_id: str | None = None
+    call_id: str | None = None
+    tool: str | None = None
+    args_digest: str | None = None
+    decision: str | None = None
+    reason: str | None = None
+    outcome: str | None = None
+    details: Any = None
+    id: str | None = None
+    ts: datetime | None = None
+
+    def values(self) -> dict[str, Any]:
+        """The row to insert (a new id and the time of the write unless already given)."""
+        return {
+            "id": self.id or new_id("aud"),
+            "ts": self.ts or utcnow(),
+            "actor": self.actor,
+            "action": self.action,
+            "thread_id": self.thread_id,
+            "run_id": self.run_id,
+            "interrupt_id": self.interrupt_id,
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "args_digest": self.args_digest,
+            "decision": self.decision,
+            "reason": self.reason,
+            "outcome": self.outcome,
+            "details": self.details,
+        }
+
+
+def args_digest(args: Any) -> str:
+    """A digest of (already masked) tool arguments, for the audit log."""
+    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+# -- rows → records ---------------------------------------------------------------------------
+
+
+def thread_record(row: Any) -> ThreadRecord:
+    """A :class:`ThreadRecord` from a ``threads`` row."""
+    return ThreadRecord(row.id, row.owner, row.metadata or {}, row.active_leaf_id, as_utc(row.created_at))  # type: ignore[arg-type]
+
+
+def run_record(row: Any) -> RunRecord:
+    """A :class:`RunRecord` from a ``runs`` row."""
+    return RunRecord(
+        id=row.id,
+        thread_id=row.thread_id,
+        status=RunStatus(row.status),
+        config=row.config or {},
+        input_message_id=row.input_message_id,
+        created_at=as_utc(row.created_at),  # type: ignore[arg-type]
+        started_at=as_utc(row.started_at),
+        ended_at=as_utc(row.ended_at),
+        error=row.error,
+        cancel_mode=row.cancel_mode,
+        cancel_reason=row.cancel_reason,
+        cancel_actor=row.cancel_actor,
+        executor_id=row.executor_id,
+        lease_expires_at=row.lease_expires_at,
+    )
+
+
+def message_record(row: Any) -> MessageRecord:
+    """A :class:`MessageRecord` from a ``messages`` row."""
+    return MessageRecord(
+        id=row.id,
+        thread_id=row.thread_id,
+        parent_id=row.parent_id,
+        run_id=row.run_id,
+        role=row.role,
+        content=row.content,
+        tool_calls=row.tool_calls,
+        tool_call_id=row.tool_call_id,
+        name=row.name,
+        status=row.status,
+        created_at=as_utc(row.created_at),  # type: ignore[arg-type]
+        edited_from_id=row.edited_from_id,
+    )
+
+
+def message_values(message: MessageRecord) -> dict[str, Any]:
+    """The ``messages`` row of a record, to insert."""
+    return {
+        "id": message.id,
+        "thread_id": message.thread_id,
+        "parent_id": message.parent_id,
+        "run_id": message.run_id,
+        "role": message.role,
+        "content": message.content,
+        "tool_calls": message.tool_calls,
+        "tool_call_id": message.tool_call_id,
+        "name": message.name,
+        "status": message.status,
+        "created_at": message.created_at,
+        "edited_from_id": message.edited_from_id,
+    }
+
+
+def interrupt_record(row: Any) -> InterruptRecord:
+    """An :class:`InterruptRecord` from an ``interrupts`` row."""
+    return InterruptRecord(
+        id=row.id,
+        run_id=row.run_id,
+        thread_id=row.thread_id,
+        status=row.status,
+        action_requests=row.action_requests,
+        review_configs=row.review_configs,
+        turn=row.turn,
+        decisions=row.decisions,
+        resolved_by=row.resolved_by,
+        created_at=as_utc(row.created_at),  # type: ignore[arg-type]
+        expires_at=as_utc(row.expires_at),  # type: ignore[arg-type]
+        resolved_at=as_utc(row.resolved_at),
+    )
+
+
+def audit_entry(row: Any) -> AuditEntry:
+    """An :class:`AuditEntry` (with its ``id`` and ``ts``) from an ``audit`` row."""
+    return AuditEntry(
+        action=row.action,
+        actor=row.actor,
+        thread_id=row.thread_id,
+        run_id=row.run_id,
+        interrupt_id=row.interrupt_id,
+        call_id=row.call_id,
+        tool=row.tool,
+        args_digest=row.args_digest,
+        decision=row.decision,
+        reason=row.reason,
+        outcome=row.outcome,
+        details=row.details,
+        id=row.id,
+        ts=as_utc(row.ts),
+    )
