@@ -235,7 +235,7 @@ export class ApprovalCard {
     this.rejectAllReason = this.rejectAllReason || h('input', { type: 'text', class: 'reject-all-reason', placeholder: 'Reason for Reject all (optional)', 'aria-label': 'Reason for rejecting all' });
     this.submitHintId = this.submitHintId || uid('submit-hint');
     // Submit stays clickable: pressed too early, it marks the actions that still need a choice.
-    this.footerEl.replaceChildren(
+    this.footerEl.replaceChildren(...[
       allCan('approve') ? button('Approve all', () => this._all('approve'), 'btn primary approve-all') : null,
       allCan('reject') ? button('Reject all', () => this._all('reject'), 'btn danger reject-all') : null,
       allCan('reject') ? this.rejectAllReason : null,
@@ -245,7 +245,7 @@ export class ApprovalCard {
           class: 'submit-hint', id: this.submitHintId, 'aria-live': 'polite',
           text: left ? `${chosen} of ${this.actions.length} decided — choose for each action` : `All ${this.actions.length} decided`,
         })),
-    );
+    ].filter(Boolean));
   }
 
   _all(decision) {

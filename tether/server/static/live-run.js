@@ -254,7 +254,7 @@ export class LiveRun {
     for (const card of this.approvals.values()) card.abandon(envelope.type === 'cancelled' ? 'The run was stopped — nothing was executed.' : 'The run ended.');
     if (envelope.type === 'error') {
       const block = (data.message_id && this.blocks.get(data.message_id)) || this.current || this.currentBlock();
-      block.showError(data);
+      block.showError(data, { live: true });
     }
     this.report.duplicates = this.stream.stats.duplicates;
     this.report.reconnects = this.stream.stats.reconnects;

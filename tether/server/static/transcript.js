@@ -114,7 +114,7 @@ export class ToolCard {
     else line = `${d.decision}${who}${at}`;
     this.decisionEl.hidden = false;
     this.decisionEl.dataset.decision = d.decision;
-    this.decisionEl.replaceChildren(h('span', { class: 'decision-line', text: line }), diff);
+    this.decisionEl.replaceChildren(h('span', { class: 'decision-line', text: line }), ...(diff ? [diff] : []));
   }
 }
 
@@ -162,10 +162,13 @@ export class AssistantBlock {
     else delete this.el.dataset.typing;
   }
 
-  /** Why the run ended badly, under the message (kept after a reload: it is the run's `error`). */
-  showError(error) {
+  /**
+   * Why the run ended badly, under the message (kept after a reload: it is the run's `error`).
+   * Announced (role=alert) only when it happens, not each time the chat is drawn again.
+   */
+  showError(error, { live = false } = {}) {
     this.errorEl?.remove();
-    this.errorEl = h('div', { class: 'run-error', role: 'alert', text: `The run failed: ${error.message} (${error.code})` });
+    this.errorEl = h('div', { class: 'run-error', role: live ? 'alert' : null, text: `The run failed: ${error.message} (${error.code})` });
     this.textEl.classList.remove('empty');
     this.el.append(this.errorEl);
   }
