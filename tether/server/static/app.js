@@ -133,6 +133,9 @@ const liveHost = {
     showStatus(null);
     // "The run was not stopped" is moot once the run has ended.
     if (els.banner.dataset.kind === 'stop') clearError();
+    // A run followed here was replayed from seq 1: its reasoning and error are known already.
+    app.readRuns.add(live.runId);
+    if (live.error) app.runErrors.set(live.runId, live.error);
     if (app.live === live) refreshThread();
   },
 };

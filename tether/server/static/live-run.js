@@ -253,6 +253,7 @@ export class LiveRun {
     for (const card of this.cards.values()) if (['running', 'waiting', 'asking'].includes(card.state)) card.setState('unfinished');
     for (const card of this.approvals.values()) card.abandon(envelope.type === 'cancelled' ? 'The run was stopped — nothing was executed.' : 'The run ended.');
     if (envelope.type === 'error') {
+      this.error = data;
       const block = (data.message_id && this.blocks.get(data.message_id)) || this.current || this.currentBlock();
       block.showError(data, { live: true });
     }
