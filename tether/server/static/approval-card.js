@@ -55,7 +55,7 @@ export class ApprovalCard {
       dataset: { interruptId, state: 'pending', expiresAt },
     },
     h('div', { class: 'approval-head' },
-      this.titleEl = h('h3', { id: titleId, class: 'approval-title' }),
+      this.titleEl = h('h2', { id: titleId, class: 'approval-title' }),
       h('div', { class: 'approval-timer' }, this.countdownEl, ' · ', this.waitedEl)),
     actions.map((action, i) => this._row(action, i)),
     this.errorEl,
