@@ -14,7 +14,7 @@ const TOOL_STATE_LABELS = {
   ok: 'done',
   error: 'error',
   rejected: 'rejected',
-  expired: 'expired — not executed',
+  expired: 'expired',
   responded: 'answered',
   cancelled: 'cancelled',
   unknown: 'outcome unknown',
@@ -110,7 +110,7 @@ export class ToolCard {
       if (d.edited) this.setArgs(d.edited);
     } else if (d.decision === 'reject') line = `✗ Rejected${who}${at}${d.reason ? ` — “${d.reason}”` : ''}`;
     else if (d.decision === 'respond') line = `↩ Answered${who}${at}${d.message ? ` — “${d.message}”` : ''}`;
-    else if (d.decision === 'expired') line = `⏱ Expired${when ? ` at ${when}` : ''} — not executed: nobody decided in time`;
+    else if (d.decision === 'expired') line = `✗ Expired${when ? ` at ${when}` : ''} — not executed: nobody decided in time`;
     else line = `${d.decision}${who}${at}`;
     this.decisionEl.hidden = false;
     this.decisionEl.dataset.decision = d.decision;
