@@ -182,7 +182,7 @@ async def test_the_example_agent_looks_up_an_order_and_refunds_after_approval(db
                 interrupt = await client.wait_for_interrupt(run["id"])
                 assert interrupt is not None, "the refund was not parked for review"
                 assert [a["action"] for a in interrupt["action_requests"]] == ["refund"]
-                assert interrupt["action_requests"][0]["description"] == "Refund 5.0 on order A100"
+                assert interrupt["action_requests"][0]["description"] == "Refund 5 on order A100"
 
                 response = await http.post(
                     f"/v1/threads/{thread['id']}/resume",

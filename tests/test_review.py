@@ -207,7 +207,7 @@ async def test_a_refund_waits_for_approval_and_executes_once_after_it(client: As
     request = interrupt["action_requests"][0]
     assert request["call_id"] == call["call_id"] and request["action"] == "refund"
     assert request["args"] == {"order_id": "A1", "amount": 5}
-    assert request["description"] == "Refund 5.0 on order A1"
+    assert request["description"] == "Refund 5 on order A1"
     assert interrupt["review_configs"] == [{"allowed_decisions": ["approve", "reject", "edit"]}]
     assert interrupt["expires_at"] == event["expires_at"]
     await assert_still_pending(client, interrupt)
@@ -705,7 +705,7 @@ async def test_a_sensitive_card_number_reaches_the_tool_and_nothing_else(process
         live = asyncio.create_task(follow_live(run_id))
         interrupt = await interrupt_of(client, run_id)
         assert [a["args"]["card_number"] for a in interrupt["action_requests"]] == ["****1234", "****1234"]
-        assert interrupt["action_requests"][0]["description"] == "Charge 10.0 to card ****1234"
+        assert interrupt["action_requests"][0]["description"] == "Charge 10 to card ****1234"
         for path in (f"/v1/runs/{run_id}", f"/v1/threads/{thread['id']}", "/v1/threads", f"/v1/runs/{run_id}/events"):
             seen.append((await http.get(path)).content)
 

@@ -8,13 +8,21 @@ byte, a lost network shows "reconnecting" and never "stopped", and a stopped run
 
 Chromium is Debian's (``/usr/bin/chromium``; ``scripts/test`` installs it): Playwright never
 downloads a browser of its own. With ``TETHER_UI_SCREENSHOTS=docs/ui`` the tests also save
-screenshots of the main states (that is how the ones in ``docs/ui/`` were made).
+screenshots of the main states, in both colour schemes, at 1200×850 and at 390×844 (that is
+how the ones in ``docs/ui/`` were made).
+
+Accessibility: the main states (empty, streaming, an approval card, a card of two actions, the
+audit dialog, the mobile drawer) are checked with axe-core in both colour schemes; a serious or
+critical violation fails the test. axe-core comes from the npm registry, installed on first use
+into ``tests/.node/`` (git-ignored) and injected into the page by the test.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -39,6 +47,11 @@ CHROMIUM_ARGS = [
 #: Generous: a loaded 2-core machine is slow, and every wait is on a condition, not a clock.
 TIMEOUT_MS = 20_000
 SCREENSHOTS = os.environ.get("TETHER_UI_SCREENSHOTS")
+DESKTOP = {"width": 1200, "height": 850}
+MOBILE = {"width": 390, "height": 844}
+#: The axe-core release the accessibility checks run (npm; installed into tests/.node/).
+AXE_CORE = "axe-core@4.14.1"
+NODE_DIR = Path(__file__).parent / ".node"
 
 expect.set_options(timeout=TIMEOUT_MS)
 
@@ -66,7 +79,7 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser, server: LiveServer) -> Iterator[Page]:
     """A fresh browser context; closed before the server stops (so no stream holds it up)."""
-    context = browser.new_context(viewport={"width": 1100, "height": 800})
+    context = browser.new_context(viewport=DESKTOP, color_scheme="light")
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
     errors: list[str] = []
@@ -96,15 +109,68 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = TIMEOUT
         time.sleep(0.05)
 
 
-def shot(page: Page, name: str, focus: Locator | None = None) -> None:
-    """Save a screenshot of the current state (``focus`` scrolled into view) when
-    TETHER_UI_SCREENSHOTS names a folder."""
+def shot(page: Page, name: str, focus: Locator | None = None, *, desktop: bool = True) -> None:
+    """Save screenshots of the current state (``focus`` scrolled into view) when
+    TETHER_UI_SCREENSHOTS names a folder: ``name.png`` (light, 1200×850), ``name-dark.png``,
+    ``name-mobile.png`` (390×844) and ``name-mobile-dark.png``; the mobile ones only when
+    ``desktop`` is false. The page is left as it was (viewport and colour scheme)."""
     if not SCREENSHOTS:
         return
-    if focus is not None:
-        focus.scroll_into_view_if_needed()
     Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}.png"), animations="disabled")
+    before = page.viewport_size
+    variants = [("", "light", DESKTOP), ("-dark", "dark", DESKTOP)] if desktop else []
+    variants += [("-mobile", "light", MOBILE), ("-mobile-dark", "dark", MOBILE)]
+    try:
+        for suffix, scheme, size in variants:
+            page.emulate_media(color_scheme=scheme)  # type: ignore[arg-type]
+            page.set_viewport_size(size)
+            if focus is not None:
+                focus.scroll_into_view_if_needed()
+            page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}{suffix}.png"), animations="disabled")
+    finally:
+        page.emulate_media(color_scheme="light")
+        if before:
+            page.set_viewport_size(before)
+
+
+@pytest.fixture(scope="session")
+def axe_source() -> str:
+    """axe-core's ``axe.min.js``, from the npm registry (installed once into tests/.node/)."""
+    path = NODE_DIR / "node_modules" / "axe-core" / "axe.min.js"
+    if not path.exists():
+        NODE_DIR.mkdir(exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--prefix", str(NODE_DIR), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", AXE_CORE],
+            check=True, timeout=300,
+        )
+    return path.read_text()
+
+
+AXE_RUN_JS = """
+async () => {
+  const result = await axe.run(document, { resultTypes: ['violations'] });
+  return result.violations.map((v) => ({
+    id: v.id, impact: v.impact, help: v.help,
+    nodes: v.nodes.slice(0, 4).map((n) => `${n.target.join(' ')} — ${n.failureSummary}`),
+  }));
+}
+"""
+
+
+def assert_accessible(page: Page, axe_source: str, state: str) -> None:
+    """No serious or critical axe-core violation in ``state``, in the light and the dark scheme."""
+    if not page.evaluate("typeof window.axe === 'object'"):
+        page.add_script_tag(content=axe_source)
+    problems = []
+    try:
+        for scheme in ("light", "dark"):
+            page.emulate_media(color_scheme=scheme)  # type: ignore[arg-type]
+            for violation in page.evaluate(AXE_RUN_JS):
+                if violation["impact"] in ("serious", "critical"):
+                    problems.append({"scheme": scheme, **violation})
+    finally:
+        page.emulate_media(color_scheme="light")
+    assert not problems, f"accessibility violations in the {state} state:\n" + json.dumps(problems, indent=1)
 
 
 def open_ui(page: Page, server: LiveServer, query: str = "") -> None:
@@ -190,7 +256,8 @@ def test_approving_a_refund_with_one_click_runs_it_and_the_audit_view_lists_the_
 
     card = page.locator(".approval")
     expect(card).to_have_attribute("data-state", "pending")
-    expect(card.locator(".description")).to_have_text("Refund 25.0 on order A100")
+    expect(card.locator(".description")).to_have_text("Refund 25 on order A100")  # the number of the args below
+    expect(card.locator(".args dd").nth(1)).to_have_text("25")
     expect(conn(page)).to_have_attribute("data-state", "interrupted")
     expect(conn(page)).to_have_text("waiting for you")
     expect(card.locator(".countdown")).to_contain_text("expires in 9:")
@@ -271,13 +338,13 @@ def test_a_card_with_two_actions_submits_one_approval_and_one_rejection_with_its
     expect(thinking).not_to_have_attribute("open", "")  # collapsed once the answer started
     expect(card.locator(".action")).to_have_count(2)
     submit = card.locator(".submit")
-    expect(submit).to_be_disabled()
+    expect(card.locator(".submit-hint")).to_have_text("0 of 2 decided — choose for each action")
     card.locator(".action[data-index='0'] .choice-approve").click()
     card.locator(".action[data-index='1'] .choice-reject").click()
     card.locator(".action[data-index='1'] .reason").fill("wrong order")
-    expect(submit).to_be_enabled()
+    expect(card.locator(".submit-hint")).to_have_text("All 2 decided")
     assert page.evaluate("document.documentElement.scrollWidth") <= 360, "the page scrolls sideways at 360 px"
-    shot(page, "multi-action-360px")
+    shot(page, "multi-action", card)
     submit.click()
 
     expect(conn(page)).to_have_attribute("data-state", "completed")
@@ -420,8 +487,8 @@ def test_escape_stops_the_run_and_a_second_stop_makes_it_hard(page: Page, server
     page.locator("body").press("Escape")  # soft: the sleeping tool would be left to finish
     expect(conn(page)).to_have_attribute("data-state", "cancelling")
     expect(conn(page)).to_have_text("stopping…")
-    expect(page.locator("#stop")).to_have_text("Stop now")
-    page.locator("#stop").click()  # clicked twice: hard, the tool is cancelled
+    expect(page.locator("#stop")).to_be_hidden()  # one button is left: "Stop now"
+    page.locator("#stop-now").click()  # hard: the tool is cancelled
 
     expect(conn(page)).to_have_attribute("data-state", "cancelled")
     run = api.get(f"/v1/runs/{run_report(page)['runId']}").json()
@@ -582,7 +649,7 @@ def test_editing_a_message_forks_and_the_branch_switcher_shows_each_path(
     expect(page.locator("#toggle-threads")).to_have_attribute("aria-expanded", "true")
     expect(page.locator(f".thread-item[data-thread-id='{thread}']")).to_be_in_viewport()
     expect(page.locator(f".thread-item[data-thread-id='{thread}']")).to_have_attribute("aria-current", "page")
-    shot(page, "threads-360px")
+    shot(page, "threads", desktop=False)
     page.keyboard.press("Escape")
     expect(page.locator("#toggle-threads")).to_have_attribute("aria-expanded", "false")
     assert page.evaluate("document.documentElement.scrollWidth") <= 360
@@ -619,3 +686,537 @@ def test_a_correction_joins_the_running_run_and_regenerate_adds_a_second_answer(
     expect(final.locator(".branch .pos")).to_have_text("2/2")
     assert displayed_path(page) == expected_path(api, thread)
 
+
+
+# -- what a person trips over (issue 14) -----------------------------------------------------
+
+REFUNDS = [{"name": "refund", "args": {"order_id": "A1", "amount": 5}}, {"name": "refund", "args": {"order_id": "A2", "amount": 7}}]
+
+
+def pending_card(page: Page, text: str = "refund 25 on order A100") -> Locator:
+    """Send ``text`` and return its approval card once it is pending."""
+    send(page, text)
+    card = page.locator(".approval")
+    expect(card).to_have_attribute("data-state", "pending")
+    return card
+
+
+def current_run(api: httpx.Client, page: Page) -> dict[str, Any]:
+    return api.get(f"/v1/runs/{run_report(page)['runId']}").json()  # type: ignore[no-any-return]
+
+
+def audit_of(api: httpx.Client, page: Page) -> list[dict[str, Any]]:
+    return api.get("/v1/audit", params={"thread_id": thread_id(page)}).json()["items"]  # type: ignore[no-any-return]
+
+
+def reload(page: Page) -> None:
+    page.reload()
+    expect(page.locator("body")).to_have_attribute("data-ready", "true")
+
+
+def button_names(scope: Locator) -> list[str]:
+    """The accessible names of the buttons in ``scope``, as Chromium computes them."""
+    return re.findall(r'button "((?:[^"\\]|\\.)*)"', scope.aria_snapshot())
+
+
+#: Text colour against the element's own background, for filled buttons (WCAG ratio).
+CONTRAST_JS = """
+(els) => {
+  const rgb = (s) => s.match(/[\\d.]+/g).slice(0, 3).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  return els.filter((el) => el.offsetParent !== null).map((el) => {
+    const cs = getComputedStyle(el);
+    const [hi, lo] = [lum(rgb(cs.color)), lum(rgb(cs.backgroundColor))].sort((a, b) => b - a);
+    return { text: el.textContent.trim(), ratio: Math.round(((hi + 0.05) / (lo + 0.05)) * 100) / 100 };
+  });
+}
+"""
+
+
+def low_contrast_buttons(page: Page, selector: str) -> list[dict[str, Any]]:
+    """Filled buttons matching ``selector`` whose text is under 4.5:1, in either colour scheme."""
+    low = []
+    try:
+        for scheme in ("light", "dark"):
+            page.emulate_media(color_scheme=scheme)  # type: ignore[arg-type]
+            found = page.locator(selector).evaluate_all(CONTRAST_JS)
+            assert found, f"no button matches {selector}"
+            low += [{"scheme": scheme, **b} for b in found if b["ratio"] < 4.5]
+    finally:
+        page.emulate_media(color_scheme="light")
+    return low
+
+
+def test_escape_never_cancels_a_request_that_waits_for_a_person(page: Page, server: LiveServer, api: httpx.Client) -> None:
+    open_ui(page, server)
+    card = pending_card(page)
+
+    card.locator(".choice-approve").focus()
+    page.keyboard.press("Escape")  # on the card
+    hint = page.locator("#composer-hint")
+    expect(hint).to_contain_text("Esc does not cancel a request that waits for you")
+    page.locator("#input").focus()
+    page.keyboard.press("Escape")  # in the message box
+    card.locator(".choice-reject").click()
+    expect(card.locator(".reason")).to_be_focused()
+    page.keyboard.press("Escape")  # backs out of the reason panel, nothing more
+    expect(card.locator(".reason")).to_have_count(0)
+    expect(card.locator(".choice-reject")).to_be_focused()
+    page.keyboard.press("Escape")
+
+    expect(card).to_have_attribute("data-state", "pending")
+    expect(conn(page)).to_have_attribute("data-state", "interrupted")
+    run = current_run(api, page)
+    assert run["status"] == "waiting_human" and run["cancel"] is None
+    assert run["pending_interrupt"]["status"] == "pending"
+    assert [a for a in audit_of(api, page) if a["action"] == "cancel"] == []
+    # The request is still there to decide.
+    card.locator(".choice-approve").click()
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    assert len(effects(api, "refund")) == 1
+
+
+def test_after_a_reload_an_edited_approval_shows_what_ran_the_change_and_who_decided(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    open_ui(page, server)
+    card = pending_card(page, script({"tool_calls": [{"name": "refund", "args": {"order_id": "A100", "amount": 30}}]}, {"text": "Refunded."}))
+    card.locator(".choice-edit").click()
+    card.locator(".args-editor").fill('{"order_id": "A100", "amount": 12.5}')
+    card.locator(".confirm-edit").click()
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    wait_settled(page)
+    assert [e["args"] for e in effects(api, "refund")] == [{"order_id": "A100", "amount": 12.5}]
+
+    for when in ("redrawn from the stored messages", "after a reload"):
+        tool = page.locator(".tool-card[data-tool=refund]")
+        expect(tool, when).to_have_attribute("data-status", "ok")
+        decision = tool.locator(".tool-decision")
+        expect(decision, when).to_contain_text("Approved with edits by anonymous")
+        expect(decision.locator(".diff li"), when).to_have_count(1)
+        expect(decision.locator(".diff .diff-key"), when).to_have_text("amount: ")
+        expect(decision.locator(".diff del"), when).to_have_text("was 30")
+        expect(decision.locator(".diff ins"), when).to_have_text("now 12.5")
+        expect(tool.locator(".args"), when).to_contain_text('"amount": 12.5')
+        expect(tool.locator(".args"), when).not_to_contain_text("30")
+        expect(tool.locator(".tool-summary"), when).to_contain_text("amount: 12.5")
+        if when == "redrawn from the stored messages":
+            shot(page, "edited-approval", tool)
+            reload(page)
+
+
+def test_after_a_reload_approved_rejected_and_answered_calls_still_say_how_and_by_whom(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    open_ui(page, server)
+    calls = [*REFUNDS, {"name": "ask_user", "args": {"question": "Which colour?"}}]
+    card = pending_card(page, script({"tool_calls": calls}, {"text": "Handled."}))
+    expect(card.locator(".approve-all")).to_have_count(0)  # a question cannot be approved
+    expect(card).not_to_contain_text("null")
+    interrupt = current_run(api, page)["pending_interrupt"]
+    decisions = [{"decision": "approve"}, {"decision": "reject", "reason": "not eligible"}, {"decision": "respond", "message": "blue"}]
+    response = api.post(f"/v1/threads/{thread_id(page)}/resume", json={"interrupt_id": interrupt["id"], "decisions": decisions})
+    assert response.status_code == 200, response.text
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    wait_settled(page)
+    reload(page)
+
+    cards = page.locator(".tool-card")
+    expect(cards).to_have_count(3)
+    expect(cards.nth(0).locator(".tool-decision")).to_contain_text("Approved by anonymous")
+    expect(cards.nth(1)).to_have_attribute("data-status", "rejected")
+    expect(cards.nth(1).locator(".tool-decision")).to_contain_text("Rejected by anonymous")
+    expect(cards.nth(1).locator(".tool-decision")).to_contain_text("not eligible")
+    expect(cards.nth(2).locator(".tool-decision")).to_contain_text("Answered by anonymous")
+    expect(cards.nth(2).locator(".tool-summary")).to_contain_text("blue")
+    for i in range(3):
+        expect(cards.nth(i).locator(".tool-decision")).to_have_text(re.compile(r"^\S+ \w+ by anonymous · \d{1,2}:\d{2}:\d{2}( [AP]M)?( — “not eligible”)?$"))
+    shot(page, "decisions", cards.nth(0))
+
+
+def test_a_failed_runs_error_stays_on_the_page_after_a_reload(page: Page, server: LiveServer, api: httpx.Client) -> None:
+    open_ui(page, server)
+    send(page, script({"fail": "provider exploded"}))
+    expect(conn(page)).to_have_attribute("data-state", "failed")
+    wait_settled(page)
+    error = page.locator("#chat .run-error")
+    expect(error).to_have_text("The run failed: provider exploded (model_error)")
+    shot(page, "run-failed")
+
+    reload(page)
+    expect(error).to_have_text("The run failed: provider exploded (model_error)")
+    expect(page.locator("#chat .msg.assistant .badge-failed")).to_have_text("failed")
+    expect(page.locator("#chat .msg.assistant .text.empty")).to_have_count(0)  # no "(no text)"
+
+
+def test_the_mobile_drawer_closes_on_a_tap_outside_that_reaches_nothing_and_is_out_of_the_tab_order_when_closed(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    page.set_viewport_size(MOBILE)
+    open_ui(page, server)
+    toggle = page.locator("#toggle-threads")
+    toggle.focus()
+    page.keyboard.press("Tab")
+    assert not page.evaluate("document.getElementById('sidebar').contains(document.activeElement)"), "Tab went into the closed drawer"
+
+    page.locator("#input").fill("hello")
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    expect(page.locator("#new-thread")).to_be_in_viewport()
+    expect(page.locator("#new-thread")).to_be_focused()
+    box = page.locator("#send").bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    assert page.evaluate("([x, y]) => document.elementFromPoint(x, y).id", [x, y]) == "scrim", "the dimmed Send button takes taps"
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(f"{request.method} {request.url}") if request.method != "GET" else None)
+    page.mouse.click(x, y)  # a tap on the dimmed area, right over the Send button
+
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+    expect(toggle).to_be_focused()
+    expect(page.locator("#sidebar")).not_to_be_in_viewport()
+    expect(page.locator("#input")).to_have_value("hello")
+    assert requests == [] and api.get("/v1/threads").json()["items"] == [], "the tap sent the message"
+
+
+def test_focus_lands_on_the_next_control_after_a_keyboard_approval_and_after_saving_an_edit(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    open_ui(page, server)
+    card = pending_card(page)
+    card.locator(".choice-approve").focus()
+    page.keyboard.press("Enter")
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    wait_settled(page)
+    expect(page.locator("#input")).to_be_focused()  # not <body>: the card it was on is gone
+
+    answer = page.locator("#chat .msg.assistant").last
+    answer.locator(".edit-answer").click()
+    editor = answer.locator(".msg-editor")
+    expect(editor).to_be_focused()
+    editor.fill("The refund is on its way.")
+    editor.press("Control+Enter")
+    answer = page.locator("#chat .msg.assistant").last
+    expect(answer.locator(".text")).to_have_text("The refund is on its way.")
+    expect(answer.locator(".edit-answer")).to_be_focused()  # the saved answer's own Edit button
+
+    first = page.locator("#chat .msg.user").first
+    first.locator(".edit-user").click()
+    first.locator(".msg-editor").fill("hello")
+    before = page.evaluate("window.tetherUI.lastRunId")
+    first.locator(".msg-editor").press("Control+Enter")
+    page.wait_for_function("prev => window.tetherUI.lastRunId !== prev", arg=before)
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    wait_settled(page)
+    expect(page.locator("#chat .msg.user").first.locator(".text")).to_have_text("hello")
+    expect(page.locator("#input")).to_be_focused()
+
+
+def test_a_soft_stop_leaves_one_stop_now_button_and_says_it_waits_for_the_running_tool(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    open_ui(page, server)
+    send(page, script({"tool_calls": [{"name": "sleep", "args": {"seconds": 30}}]}))
+    expect(page.locator(".tool-card[data-tool=sleep]")).to_have_attribute("data-status", "running")
+    page.locator("#stop").click()
+
+    expect(conn(page)).to_have_attribute("data-state", "cancelling")
+    composer = page.locator("#composer")
+    expect(composer.get_by_role("button", name="Stop now")).to_have_count(1)
+    expect(composer.get_by_role("button", name="Stop", exact=True)).to_have_count(0)
+    status = page.locator("#status-line")
+    expect(status).to_contain_text("waiting for sleep to finish")
+    expect(status).to_contain_text("“Stop now” cancels it")
+    expect(status).to_contain_text(re.compile(r"\([1-9]\d* s so far\)"))  # the elapsed time counts
+    shot(page, "stopping")
+    page.locator("#stop-now").click()
+    expect(conn(page)).to_have_attribute("data-state", "cancelled")
+    expect(page.locator(".tool-card[data-tool=sleep]")).to_have_attribute("data-status", "cancelled")
+
+
+def test_filled_buttons_meet_aa_contrast_in_both_colour_schemes(page: Page, server: LiveServer, api: httpx.Client) -> None:
+    open_ui(page, server)
+    card = pending_card(page, script({"tool_calls": REFUNDS}, {"text": "Handled."}))
+    assert low_contrast_buttons(page, "#composer .btn.danger, #composer .btn.primary, .approval .btn.danger, .approval .btn.primary") == []
+    card.locator(".approve-all").click()
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    wait_settled(page)
+
+    page.locator("#new-thread").click()
+    card = pending_card(page)
+    card.locator(".choice-reject").click()
+    assert low_contrast_buttons(page, ".approval .confirm-reject, #stop, #send") == []
+
+
+def test_a_question_is_asked_not_approved_its_box_has_focus_and_enter_sends_the_answer(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    open_ui(page, server)
+    card = pending_card(page, "ask what colour")
+    expect(card.locator(".approval-title")).to_have_text("The agent asks you a question")
+    expect(card).not_to_contain_text(re.compile("approv", re.IGNORECASE))
+    expect(card.locator(".risk")).to_have_count(0)
+    expect(page.locator(".tool-card[data-tool=ask_user] .tool-state")).to_have_text("waiting for your answer")
+    answer = card.locator(".response")
+    expect(answer).to_be_focused()
+    shot(page, "question", card)
+
+    # Enter in the message box says why nothing was sent, and keeps the text.
+    page.locator("#input").fill("green")
+    page.locator("#input").press("Enter")
+    expect(page.locator("#composer-hint")).to_contain_text("waiting for your answer to its question")
+    expect(page.locator("#input")).to_have_value("green")
+
+    answer.fill("blue")
+    answer.press("Enter")
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    tool_card = page.locator(".tool-card[data-tool=ask_user]")
+    expect(tool_card).to_have_attribute("data-status", "responded")
+    expect(tool_card.locator(".result")).to_have_text("blue")
+    assert "green" not in [m["content"] for m in path_of(api, thread_id(page))]
+
+
+def test_an_expired_request_stays_in_the_chat_as_expired_not_executed_with_its_time(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    open_ui(page, server, "?approval_ttl_s=1")
+    send(page, script({"tool_calls": [{"name": "refund", "args": {"order_id": "A100", "amount": 25}}]}, {"text": "It expired."}))
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    wait_settled(page)
+
+    for when in ("redrawn from the stored messages", "after a reload"):
+        tool = page.locator(".tool-card[data-tool=refund]")
+        expect(tool, when).to_have_attribute("data-status", "expired")
+        decision = tool.locator(".tool-decision")
+        expect(decision, when).to_contain_text(re.compile(r"Expired at \d{1,2}:\d{2}:\d{2}.* — not executed"))
+        if when == "redrawn from the stored messages":
+            reload(page)
+    assert effects(api, "refund") == []
+
+
+CURSORS_JS = "() => [...document.querySelectorAll('#chat .msg.assistant .text')].filter((t) => getComputedStyle(t, '::after').content.includes('▍')).length"
+
+
+def test_the_typing_cursor_shows_only_while_text_streams(page: Page, server: LiveServer, api: httpx.Client) -> None:
+    open_ui(page, server)
+    card = pending_card(page, script(
+        {"text": "Let me refund that first.", "tool_calls": [{"name": "refund", "args": {"order_id": "A1", "amount": 5}}]},
+        {"tokens": 40, "delay_ms": 40, "tool_calls": [{"name": "sleep", "args": {"seconds": 30}}]},
+    ))
+    expect(page.locator(".live-run .msg.assistant .text").first).to_have_text("Let me refund that first. ")
+    assert page.evaluate(CURSORS_JS) == 0, "the cursor blinks on text that waits for approval"
+
+    card.locator(".choice-approve").click()
+    # While the second answer streams: one cursor, on it (not on the first answer).
+    page.wait_for_function(
+        f"() => {{ const t = [...document.querySelectorAll('.live-run .msg.assistant .text')]; "
+        f"return t.length === 2 && t[1].textContent.includes('t3 ') && ({CURSORS_JS})() === 1 "
+        f"&& getComputedStyle(t[1], '::after').content.includes('▍'); }}"
+    )
+    expect(page.locator(".tool-card[data-tool=sleep]")).to_have_attribute("data-status", "running")
+    assert page.evaluate(CURSORS_JS) == 0, "the cursor blinks while a tool runs"
+    page.locator("#stop-now").click()
+    expect(conn(page)).to_have_attribute("data-state", "cancelled")
+
+
+def test_the_reject_panel_names_its_buttons_apart_keeps_the_countdown_in_view_and_enter_confirms(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    open_ui(page, server)
+    card = pending_card(page)
+    expect(card.locator(".waited")).to_have_text("asked just now")  # not "waiting for 0 s"
+    card.locator(".choice-reject").click()
+    reason = card.locator(".reason")
+    expect(reason).to_be_focused()
+    names = button_names(card)
+    assert len(names) == len(set(names)), f"two buttons share a name in one card: {names}"
+    assert "Confirm rejection" in names
+    expect(card.locator(".countdown")).to_be_in_viewport()
+
+    reason.fill("not eligible")
+    reason.press("Enter")
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    expect(page.locator(".tool-card[data-tool=refund]")).to_have_attribute("data-status", "rejected")
+    assert [(a["decision"], a["reason"]) for a in audit_of(api, page) if a["action"] == "decision"] == [("reject", "not eligible")]
+
+
+def test_a_card_of_several_actions_says_what_is_missing_and_marks_each_choice_as_pressed(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    open_ui(page, server)
+    card = pending_card(page, script({"tool_calls": REFUNDS}, {"text": "Handled both."}))
+    names = button_names(card)
+    assert len(names) == len(set(names)), f"two buttons share a name in one card: {names}"
+    hint = card.locator(".submit-hint")
+    expect(hint).to_have_text("0 of 2 decided — choose for each action")
+    card.locator(".submit").click()  # too early: it says where a choice is missing
+    first, second = card.locator(".action[data-index='0']"), card.locator(".action[data-index='1']")
+    expect(first.locator(".field-errors")).to_have_text("Choose a decision for this action.")
+    expect(first.locator(".choice-approve")).to_be_focused()
+
+    approve = first.locator(".choice-approve")
+    unpressed = approve.evaluate("b => getComputedStyle(b).backgroundColor")
+    approve.click()
+    expect(approve).to_have_attribute("aria-pressed", "true")
+    expect(first.locator(".choice-reject")).to_have_attribute("aria-pressed", "false")
+    assert approve.evaluate("b => getComputedStyle(b).backgroundColor") != unpressed, "pressed looks like not pressed"
+    expect(hint).to_have_text("1 of 2 decided — choose for each action")
+    second.locator(".choice-reject").click()
+    expect(hint).to_have_text("All 2 decided")
+    card.locator(".submit").click()
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    assert [e["args"]["order_id"] for e in effects(api, "refund")] == ["A1"]
+
+
+PLACEHOLDER_FITS_JS = """
+(input) => {
+  const cs = getComputedStyle(input);
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  const room = input.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  return ctx.measureText(input.placeholder).width <= room;
+}
+"""
+
+OPTIONS_FIT_JS = """
+(select) => {
+  const cs = getComputedStyle(select);
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  const widest = Math.max(...[...select.options].map((o) => ctx.measureText(o.text).width));
+  // The arrow takes about 1.2em beside the text.
+  return widest + parseFloat(cs.paddingLeft) + parseFloat(cs.paddingRight) + 1.2 * parseFloat(cs.fontSize) <= select.getBoundingClientRect().width;
+}
+"""
+
+
+def test_at_390px_the_message_box_is_compact_and_a_two_action_card_fits_uncut(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    page.set_viewport_size(MOBILE)
+    open_ui(page, server)
+    card = pending_card(page, script({"text": "Two refunds, then.", "tool_calls": REFUNDS}, {"text": "Handled both."}))
+    # The message box and one row of controls under it (no audit bar, no wrapped row).
+    tops = page.locator("#composer .composer-row > :visible").evaluate_all("els => els.map((e) => e.getBoundingClientRect().top)")
+    assert max(tops) - min(tops) < 16, f"the composer's controls wrap onto more than one row: {tops}"
+    chat_height = page.locator("#chat").evaluate("c => c.clientHeight")
+    card_box = card.bounding_box()
+    assert card_box is not None and card_box["height"] <= chat_height, (card_box, chat_height)
+    assert card.locator(".reject-all-reason").evaluate(PLACEHOLDER_FITS_JS), "'Reason for Reject all' is cut off"
+    assert page.evaluate("document.documentElement.scrollWidth") <= MOBILE["width"]
+
+
+def test_run_settings_show_their_options_uncut_on_a_desktop(page: Page, server: LiveServer) -> None:
+    open_ui(page, server)
+    page.locator("#settings summary").click()
+    assert page.locator("#set-threshold").evaluate(OPTIONS_FIT_JS), "the approval threshold's options are cut off"
+
+
+def test_a_finished_tool_card_is_folded_to_one_line_that_says_what_happened(
+    page: Page, server: LiveServer, api: httpx.Client
+) -> None:
+    open_ui(page, server)
+    send_and_finish(page, "order A100")
+    tool = page.locator(".tool-card[data-tool=get_order]")
+    expect(tool.locator("details")).not_to_have_attribute("open", "")
+    summary = tool.locator(".tool-summary")
+    expect(summary).to_contain_text("order_id: A100 → order_id: A100, status: shipped")
+    expect(tool.locator(".result")).not_to_be_visible()
+    box = tool.bounding_box()
+    assert box is not None and box["height"] < 48, box
+    tool.locator("summary").click()
+    expect(tool.locator(".result")).to_be_visible()
+    expect(tool.locator(".result")).to_contain_text('"status": "shipped"')
+
+
+def test_the_empty_page_keeps_its_examples_and_one_fills_the_message_box(page: Page, server: LiveServer) -> None:
+    open_ui(page, server)
+    starter = page.locator("#chat .empty")
+    expect(starter).to_contain_text("Start a conversation below")
+    example = starter.get_by_role("button", name=re.compile("refund 25 on order A100"))
+    expect(example).to_be_visible()
+    example.click()
+    expect(page.locator("#input")).to_have_value("refund 25 on order A100")
+    expect(page.locator("#input")).to_be_focused()
+
+
+def test_the_run_was_not_stopped_banner_goes_away_when_the_run_ends(page: Page, server: LiveServer, api: httpx.Client) -> None:
+    open_ui(page, server)
+    page.route("**/cancel", lambda route: route.abort())  # the stop request never arrives
+    send(page, script({"tokens": 150, "delay_ms": 20}))
+    expect(page.locator(".live-run .msg.assistant .text")).to_contain_text("t3 ")
+    page.locator("#stop").click()
+    banner = page.locator("#banner")
+    expect(banner).to_contain_text("The run was not stopped")
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    expect(banner).to_be_hidden()
+
+
+def test_reasoning_is_still_there_after_a_reload(page: Page, server: LiveServer, api: httpx.Client) -> None:
+    open_ui(page, server)
+    send_and_finish(page, script({"thinking": "The customer wants a summary.", "text": "Here it is."}))
+    reload(page)
+    thinking = page.locator("#chat .thinking")
+    expect(thinking.locator(".thinking-text")).to_have_text("The customer wants a summary.")
+    expect(thinking).not_to_have_attribute("open", "")
+
+
+def test_field_errors_are_the_accessible_description_of_their_field(page: Page, server: LiveServer, api: httpx.Client) -> None:
+    open_ui(page, server)
+    card = pending_card(page)
+    card.locator(".choice-edit").click()
+    editor = card.locator(".args-editor")
+    editor.fill('{"order_id": "A100", "amount": -5}')
+    card.locator(".confirm-edit").click()
+    expect(card.locator(".field-errors")).to_have_text("amount: Input should be greater than 0")
+    expect(editor).to_have_accessible_description(re.compile("amount: Input should be greater than 0"))
+
+
+def test_the_thread_list_says_in_words_which_thread_waits_for_you(page: Page, server: LiveServer, api: httpx.Client) -> None:
+    open_ui(page, server)
+    pending_card(page)
+    item = page.locator(f".thread-item[data-thread-id='{thread_id(page)}']")
+    expect(item).to_contain_text("waiting for you")
+    expect(page.get_by_role("button", name=re.compile("waiting for you"))).to_have_count(1)
+
+
+def test_the_main_states_have_no_serious_accessibility_violations_in_either_colour_scheme(
+    page: Page, server: LiveServer, api: httpx.Client, axe_source: str
+) -> None:
+    open_ui(page, server)
+    assert_accessible(page, axe_source, "empty")
+    shot(page, "empty")
+
+    send(page, script({"tokens": 400, "delay_ms": 20}))
+    expect(page.locator(".live-run .msg.assistant .text")).to_contain_text("t10 ")
+    assert_accessible(page, axe_source, "streaming")
+    page.locator("#stop-now").click()
+    expect(conn(page)).to_have_attribute("data-state", "cancelled")
+    wait_settled(page)
+
+    page.locator("#new-thread").click()
+    card = pending_card(page)
+    assert_accessible(page, axe_source, "approval card")
+    card.locator(".choice-reject").click()
+    assert_accessible(page, axe_source, "approval card with the reason panel")
+    shot(page, "reject-panel", card)
+    page.locator("#stop").click()
+    expect(conn(page)).to_have_attribute("data-state", "cancelled")
+    wait_settled(page)
+
+    page.locator("#new-thread").click()
+    pending_card(page, script({"thinking": "Both qualify.", "text": "Two refunds.", "tool_calls": REFUNDS}, {"text": "Handled."}))
+    assert_accessible(page, axe_source, "two-action card")
+
+    page.locator("#audit-btn").click()
+    expect(page.locator("#audit")).to_be_visible()
+    assert_accessible(page, axe_source, "audit dialog")
+    page.locator("#audit-close").click()
+
+    page.set_viewport_size(MOBILE)
+    page.locator("#toggle-threads").click()
+    expect(page.locator("#new-thread")).to_be_in_viewport()
+    assert_accessible(page, axe_source, "mobile drawer")

@@ -145,7 +145,7 @@ class Tool:
         """The human description of one call (the approval card's title)."""
         if self.describe_template:
             try:
-                return self.describe_template.format(**self.mask(args))
+                return self.describe_template.format(**{k: _as_json_shows(v) for k, v in self.mask(args).items()})
             except (KeyError, IndexError, ValueError):
                 pass
         return self.description
@@ -155,6 +155,14 @@ class Tool:
         if self._context_param is not None:
             return await self.fn(**args, **{self._context_param: ctx})
         return await self.fn(**args)
+
+
+def _as_json_shows(value: Any) -> Any:
+    """A whole float as JSON (and so every client) shows it: ``25``, not Python's ``25.0``; a
+    description must not say another number than the arguments under it."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def tool(

@@ -63,6 +63,7 @@ def render_index() -> str:
   <button type="button" id="toggle-threads" class="icon-btn" aria-controls="sidebar" aria-expanded="false">☰<span class="sr-only"> Threads</span></button>
   <h1 class="brand">Tether</h1>
   <span id="thread-title" class="thread-title"></span>
+  <button type="button" id="audit-btn" class="btn small" disabled>Audit log</button>
   <span id="conn" class="conn" role="status" aria-live="polite" data-state="idle">ready</span>
 </header>
 <div class="layout">
@@ -70,10 +71,8 @@ def render_index() -> str:
     <button type="button" id="new-thread" class="btn primary wide">+ New thread</button>
     <ul id="thread-list" class="thread-list"></ul>
   </nav>
+  <div id="scrim" class="scrim" hidden></div>
   <main id="main" class="main">
-    <div class="thread-bar">
-      <button type="button" id="audit-btn" class="btn small" disabled>Audit log</button>
-    </div>
     <div id="chat" class="chat" role="log" aria-label="Conversation">
       <p class="empty">Start a conversation below. Try <q>refund 25 on order A100</q>, <q>long</q>, or <q>ask what colour</q>.</p>
     </div>
@@ -81,7 +80,8 @@ def render_index() -> str:
     <div id="banner" class="banner" role="alert" hidden></div>
     <form id="composer" class="composer" autocomplete="off">
       <label for="input" class="sr-only">Message</label>
-      <textarea id="input" rows="2" placeholder="Message the agent… (Enter to send, Shift+Enter for a new line)"></textarea>
+      <textarea id="input" rows="2" aria-describedby="composer-hint" placeholder="Message the agent… (Enter to send, Shift+Enter for a new line)"></textarea>
+      <p id="composer-hint" class="composer-hint" role="status" aria-live="polite"></p>
       <div class="composer-row">
         <details id="settings" class="settings">
           <summary>Run settings</summary>

@@ -39,8 +39,16 @@ const app = {
   loadSeq: 0,
   sending: false,
   settings: { approval_threshold: 'destructive', approval_ttl_s: null },
-  /** Reasoning streamed in this page, by message id (the server keeps it in the event log only). */
+  /** Reasoning by message id: streamed in this page, or read back from the runs' event logs. */
   thinking: new Map(),
+  /** Runs whose event log was read back (reasoning, errors); a finished run's log never changes. */
+  readRuns: new Set(),
+  /** How each reviewed tool call was decided, by call id (from the thread's audit log). */
+  decisions: new Map(),
+  /** The `error` of each failed run on the path, by run id. */
+  runErrors: new Map(),
+  /** What to focus after the next render (a CSS selector), when focus would otherwise be lost. */
+  focusAfterRender: null,
 };
 
 /** Diagnostics for tests and curious humans: per run, what was streamed and how. */
@@ -73,11 +81,12 @@ function showStatus(text, busy = true) {
   els.statusLine.replaceChildren(busy ? spinner() : '', h('span', { text }));
 }
 
-function showError(error, prefix = '') {
+function showError(error, prefix = '', kind = 'error') {
   const message = error instanceof TetherError
     ? (error.status === 0 ? 'Could not reach the server. Check your connection and try again.' : error.message)
     : String(error && error.message ? error.message : error);
   els.banner.hidden = false;
+  els.banner.dataset.kind = kind;
   els.banner.replaceChildren(
     h('span', { text: prefix + message }),
     button('Dismiss', () => { els.banner.hidden = true; }, 'btn small'),
@@ -87,10 +96,32 @@ function showError(error, prefix = '') {
 
 /** The page chrome for the live run: indicator, status line, buttons. */
 function showLiveState(live) {
+  // The thread list says which thread waits for you: read it again when that changes.
+  const waiting = live.stream.state === 'interrupted';
+  if (live.listedWaiting !== undefined && live.listedWaiting !== waiting) refreshThreadList();
+  live.listedWaiting = waiting;
   setConn(live.stream.state);
   const status = live.statusText();
   showStatus(status && status.text, status && status.busy);
   updateControls();
+  // A soft stop can wait for a long tool: the status line counts the seconds.
+  const ticking = live.stream.state === 'cancelling' && !live.terminal;
+  if (ticking && !app.stopTicker) app.stopTicker = setInterval(() => app.live && showLiveState(app.live), 1000);
+  if (!ticking && app.stopTicker) {
+    clearInterval(app.stopTicker);
+    app.stopTicker = null;
+  }
+}
+
+/** A short note under the message box (why Enter did nothing, what Esc does now…); it goes
+ * away when the run's state changes. */
+function hint(text) {
+  els.hint.textContent = text || '';
+  app.hintFor = text ? controlState() : null;
+}
+
+function controlState() {
+  return app.live && !app.live.terminal ? app.live.stream.state : 'idle';
 }
 
 /** What a `LiveRun` may ask of the page. */
@@ -100,6 +131,11 @@ const liveHost = {
   stateChanged: (live) => showLiveState(live),
   finished: (live) => {
     showStatus(null);
+    // "The run was not stopped" is moot once the run has ended.
+    if (els.banner.dataset.kind === 'stop') clearError();
+    // A run followed here was replayed from seq 1: its reasoning and error are known already.
+    app.readRuns.add(live.runId);
+    if (live.error) app.runErrors.set(live.runId, live.error);
     if (app.live === live) refreshThread();
   },
 };
@@ -117,7 +153,21 @@ function runConfig() {
 
 // -- loading and rendering a thread ------------------------------------------------------------
 
+/** The empty page: what to try (each example fills the message box). */
+function starter() {
+  const examples = ['refund 25 on order A100', 'long', 'ask what colour'];
+  return h('div', { class: 'empty starter' },
+    h('p', { text: app.threadId ? 'No messages on this branch yet.' : 'Start a conversation below. Try one of these:' }),
+    app.threadId ? null : h('p', { class: 'examples' }, examples.map((text) => button(text, () => {
+      els.input.value = text;
+      els.input.focus();
+    }, 'btn small example', { 'aria-label': `Write “${text}” in the message box` }))));
+}
+
 function renderChat() {
+  // The chat is rebuilt: remember whether focus was in it, so it is not lost to <body>.
+  const focused = document.activeElement;
+  const focusWasInChat = (els.chat.contains(focused) && focused !== els.chat) || (app.chatFocusLost && (focused == null || focused === document.body));
   const fragment = document.createDocumentFragment();
   const live = app.live;
   let history = app.path;
@@ -126,13 +176,75 @@ function renderChat() {
     history = at >= 0 ? history.slice(0, at + 1) : history.filter((m) => m.run_id !== live.runId);
   }
   const busy = Boolean(live && !live.terminal);
-  if (!history.length && !live) {
-    fragment.append(h('p', { class: 'empty', text: app.threadId ? 'No messages on this branch yet.' : 'Start a conversation below.' }));
-  }
-  renderMessages(history, fragment, { busy, actions: messageActions, thinking: app.thinking });
+  if (!history.length && !live) fragment.append(starter());
+  renderMessages(history, fragment, {
+    busy, actions: messageActions, thinking: app.thinking, decisions: app.decisions, runErrors: app.runErrors,
+  });
   if (live) fragment.append(live.el);
   els.chat.replaceChildren(fragment);
   els.chat.scrollTop = els.chat.scrollHeight;
+  restoreFocus(focusWasInChat);
+}
+
+/**
+ * After a render: focus what an action asked for (e.g. the answer just edited), or — when the
+ * focused control was in the chat and is gone (an approval card replaced by the stored
+ * messages, a closed editor) — the message box, the next thing a person does.
+ */
+function restoreFocus(focusWasInChat) {
+  const wanted = app.focusAfterRender;
+  app.focusAfterRender = null;
+  const target = wanted && els.chat.querySelector(wanted);
+  if (target && !target.disabled) {
+    target.focus({ preventScroll: true });
+    return;
+  }
+  const focused = document.activeElement;
+  const lost = focused == null || focused === document.body || !document.contains(focused);
+  if ((wanted || focusWasInChat) && lost) els.input.focus({ preventScroll: true });
+}
+
+/**
+ * What the chat shows besides the messages, read once per thread load: decisions from the
+ * audit log, and from each finished run's event log its reasoning and, if it failed, its error.
+ */
+async function readExtras(threadId, messages, liveRunId) {
+  const runIds = [...new Set(messages.filter((m) => m.run_id && m.role === 'assistant').map((m) => m.run_id))]
+    .filter((id) => id !== liveRunId && !app.readRuns.has(id));
+  const [audit] = await Promise.all([
+    api.audit({ threadId }).catch(() => null), // who decided is a detail: the chat works without it
+    ...runIds.map((runId) => readRunLog(runId).catch(() => {})),
+  ]);
+  if (!audit) return;
+  for (const entry of audit) {
+    if (!entry.call_id) continue;
+    if (entry.action === 'decision') {
+      const d = entry.details || {};
+      app.decisions.set(entry.call_id, {
+        decision: entry.decision, actor: entry.actor, ts: entry.ts, reason: entry.reason,
+        original: d.original_args, edited: d.edited_args,
+      });
+    } else if (entry.action === 'expired') {
+      app.decisions.set(entry.call_id, { decision: 'expired', actor: entry.actor, ts: entry.ts });
+    }
+  }
+}
+
+/** A finished run's reasoning (the `thinking` events) and error, from its event log. */
+async function readRunLog(runId) {
+  const thinking = new Map();
+  let afterSeq = 0;
+  for (;;) {
+    const page = await api.events(runId, { afterSeq, limit: 1000 });
+    for (const e of page) {
+      if (e.type === 'thinking') thinking.set(e.data.message_id, (thinking.get(e.data.message_id) || '') + e.data.text);
+      if (e.type === 'error') app.runErrors.set(runId, e.data);
+    }
+    if (page.length < 1000) break;
+    afterSeq = page[page.length - 1].seq;
+  }
+  for (const [id, text] of thinking) app.thinking.set(id, text);
+  app.readRuns.add(runId);
 }
 
 /**
@@ -151,8 +263,10 @@ async function refreshThread(started = null) {
     [thread, page] = await Promise.all([api.getThread(threadId), api.messages(threadId, 'path')]);
     readAt = Date.now();
     const runId = thread.active_run_id;
+    const extras = readExtras(threadId, page.items, (started && started.id) || runId);
     if (started && !(app.live && app.live.runId === started.id)) run = started;
     else if (runId && !(app.live && app.live.runId === runId)) run = await api.getRun(runId);
+    await extras;
   } catch (error) {
     if (seq === app.loadSeq) showError(error, 'Could not load the thread: ');
     return;
@@ -204,6 +318,7 @@ async function openThread(threadId, { history = 'push' } = {}) {
   if (threadId !== app.threadId) {
     closeLive();
     app.path = [];
+    app.decisions = new Map();
     setConn('idle');
     showStatus(null);
     clearError();
@@ -229,12 +344,17 @@ async function refreshThreadList() {
   } catch (_) {
     return;
   }
+  // The state is words (a dot alone is a colour and a tooltip: neither reaches everyone).
+  const stateOf = (thread) => {
+    if (thread.pending_interrupt) return h('span', { class: 'thread-state waiting' }, h('span', { class: 'dot', 'aria-hidden': 'true', text: '●' }), 'waiting for you');
+    if (thread.active_run_id) return h('span', { class: 'thread-state running' }, h('span', { class: 'dot', 'aria-hidden': 'true', text: '●' }), 'running');
+    return null;
+  };
   els.threadList.replaceChildren(...threads.map((thread) => h('li', {},
     button([
       h('span', { class: 'thread-name', text: threadTitle(thread) }),
       h('span', { class: 'thread-meta' },
-        thread.pending_interrupt ? h('span', { class: 'dot waiting', title: 'waiting for you', text: '●' }) : null,
-        thread.active_run_id && !thread.pending_interrupt ? h('span', { class: 'dot running', title: 'running', text: '●' }) : null,
+        stateOf(thread),
         new Date(thread.created_at).toLocaleString([], { month: 'short', day: 'numeric', hour: '2-digit', minute: '2-digit' })),
     ], () => openThread(thread.id), 'thread-item', { dataset: { threadId: thread.id } }))));
   markActiveThread();
@@ -261,20 +381,34 @@ function updateControls() {
   const live = app.live;
   const active = Boolean(live && !live.terminal);
   const state = live ? live.stream.state : 'idle';
-  els.stop.hidden = !active;
+  // While a soft stop is under way, "Stop" has done its part: only "Stop now" is left to press.
+  els.stop.hidden = !active || state === 'cancelling';
   els.stopNow.hidden = !active;
-  els.stop.textContent = state === 'cancelling' ? 'Stop now' : 'Stop';
   if (active) {
-    els.send.textContent = 'Send correction';
+    els.send.replaceChildren('Send', h('span', { class: 'wide-only', text: ' correction' }));
     const canSteer = state === 'streaming' || state === 'recovering';
     els.send.disabled = app.sending || !canSteer;
     els.input.placeholder = state === 'interrupted'
       ? 'Decide the request above (or Stop the run) before writing again.'
       : 'Send a correction while the agent works… (Esc stops the run)';
   } else {
-    els.send.textContent = 'Send';
+    els.send.replaceChildren('Send');
     els.send.disabled = app.sending;
     els.input.placeholder = 'Message the agent… (Enter to send, Shift+Enter for a new line)';
+  }
+  if (app.hintFor && app.hintFor !== controlState()) hint(null);
+}
+
+/** Enter in the message box while sending is not possible: say why (the text stays). */
+function explainBlockedSend() {
+  const live = app.live;
+  if (live && !live.terminal && live.stream.state === 'interrupted') {
+    const card = [...live.approvals.values()].find((c) => c.state === 'pending');
+    hint(card && card.questions
+      ? 'Not sent: the agent is waiting for your answer to its question above. Answer it (or Stop the run); your message stays here.'
+      : 'Not sent: the agent is waiting for your decision above. Decide it (or Stop the run); your message stays here.');
+  } else if (live && !live.terminal && live.stream.state === 'cancelling') {
+    hint('Not sent: the run is stopping. Send again once it has stopped; your message stays here.');
   }
 }
 
@@ -338,7 +472,9 @@ async function regenerate(userMessageId) {
 }
 
 async function editAnswer(messageId, text) {
-  await api.editMessage(messageId, text);
+  const edited = await api.editMessage(messageId, text);
+  // The saved version replaces the editor: its Edit button takes the focus.
+  if (edited && edited.id) app.focusAfterRender = `.msg[data-id="${edited.id}"] .edit-answer`;
   await refreshThread();
 }
 
@@ -356,11 +492,16 @@ async function stop(mode = 'soft') {
   if (!live || live.terminal) return;
   if (mode === 'soft' && live.stopRequested) mode = 'hard';
   live.stopRequested = true;
+  live.stopMode = mode;
+  live.stopAt = live.stopAt || Date.now();
+  if (live.stream.state === 'cancelling') showLiveState(live);
   try {
     await live.stream.cancel(mode, mode === 'hard' ? 'stopped at once from the web UI' : 'stopped from the web UI');
   } catch (error) {
     live.stopRequested = false;
-    showError(error, 'The run was not stopped: ');
+    live.stopMode = null;
+    live.stopAt = null;
+    showError(error, 'The run was not stopped: ', 'stop');
   }
 }
 
@@ -392,9 +533,35 @@ async function openAudit() {
       h('td', { text: e.outcome || '' })))))));
 }
 
-function closeSidebar() {
+// The thread list is a drawer on narrow screens: while closed it is out of the Tab order
+// (inert); while open, the dimmed rest of the page catches taps (they close the drawer and
+// reach nothing underneath) and is inert too.
+const narrow = window.matchMedia('(max-width: 760px)');
+
+function sidebarOpen() {
+  return document.body.classList.contains('sidebar-open');
+}
+
+function syncDrawer() {
+  const open = sidebarOpen();
+  const drawer = narrow.matches;
+  els.sidebar.inert = drawer && !open;
+  els.main.inert = drawer && open;
+  els.scrim.hidden = !(drawer && open);
+  els.toggleThreads.setAttribute('aria-expanded', String(open));
+}
+
+function openSidebar() {
+  document.body.classList.add('sidebar-open');
+  syncDrawer();
+  (els.sidebar.querySelector('[aria-current="page"]') || els.newThread).focus();
+}
+
+function closeSidebar({ returnFocus = false } = {}) {
+  const wasOpen = sidebarOpen();
   document.body.classList.remove('sidebar-open');
-  els.toggleThreads.setAttribute('aria-expanded', 'false');
+  syncDrawer();
+  if (wasOpen && returnFocus) els.toggleThreads.focus();
 }
 
 // -- start -----------------------------------------------------------------------------------
@@ -420,40 +587,59 @@ function threadFromUrl() {
 }
 
 function init() {
-  for (const id of ['chat', 'conn', 'banner', 'input', 'send', 'stop', 'audit', 'sidebar']) els[id] = $(id);
+  for (const id of ['chat', 'conn', 'banner', 'input', 'send', 'stop', 'audit', 'sidebar', 'scrim', 'main']) els[id] = $(id);
   Object.assign(els, {
     statusLine: $('status-line'), stopNow: $('stop-now'), threadList: $('thread-list'), newThread: $('new-thread'),
     auditBtn: $('audit-btn'), auditBody: $('audit-body'), auditClose: $('audit-close'), threadTitle: $('thread-title'),
     toggleThreads: $('toggle-threads'), composer: $('composer'), setTtl: $('set-ttl'), setThreshold: $('set-threshold'),
+    hint: $('composer-hint'),
   });
+  // Focus that leaves the chat for nowhere (a control disabled or removed under it) is lost,
+  // and the next render puts it somewhere sensible; focus that moves anywhere else is not.
+  // (A click on the page's background also sends focus to nowhere: that is not lost focus.)
+  document.addEventListener('pointerdown', () => { app.pointerAt = Date.now(); }, true);
+  els.chat.addEventListener('focusout', (event) => {
+    if (!event.relatedTarget && !(Date.now() - (app.pointerAt || 0) < 200)) app.chatFocusLost = true;
+  });
+  document.addEventListener('focusin', () => { app.chatFocusLost = false; });
   readSettings();
   els.composer.addEventListener('submit', send);
   els.input.addEventListener('keydown', (event) => {
     if (event.key === 'Enter' && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       if (!els.send.disabled) send();
+      else explainBlockedSend();
     }
   });
+  els.input.addEventListener('input', () => { if (els.hint.textContent.startsWith('Not sent')) hint(null); });
   els.stop.addEventListener('click', () => stop('soft'));
   els.stopNow.addEventListener('click', () => stop('hard'));
   els.newThread.addEventListener('click', () => { openThread(null); els.input.focus(); });
   els.auditBtn.addEventListener('click', openAudit);
   els.auditClose.addEventListener('click', () => els.audit.close());
-  els.toggleThreads.addEventListener('click', () => {
-    const open = !document.body.classList.contains('sidebar-open');
-    document.body.classList.toggle('sidebar-open', open);
-    els.toggleThreads.setAttribute('aria-expanded', String(open));
+  els.toggleThreads.addEventListener('click', () => (sidebarOpen() ? closeSidebar() : openSidebar()));
+  els.scrim.addEventListener('click', (event) => {
+    event.preventDefault();
+    closeSidebar({ returnFocus: true });
   });
+  narrow.addEventListener('change', syncDrawer);
+  syncDrawer();
   document.addEventListener('keydown', (event) => {
     if (event.key !== 'Escape' || event.defaultPrevented || els.audit.open) return;
-    if (document.body.classList.contains('sidebar-open')) {
-      closeSidebar();
+    if (sidebarOpen()) {
+      closeSidebar({ returnFocus: true });
       return;
     }
-    if (app.live && !app.live.terminal) {
-      event.preventDefault();
-      stop('soft');
+    const live = app.live;
+    if (!live || live.terminal) return;
+    // Esc stops a run that is *working*; it never throws away a request waiting for a human
+    // (that takes the Stop button, on purpose).
+    if (live.stream.state === 'interrupted' || live.hasPendingApproval()) {
+      hint('Esc does not cancel a request that waits for you. Decide it above, or press Stop to cancel the run.');
+      return;
     }
+    event.preventDefault();
+    stop('soft');
   });
   window.addEventListener('popstate', () => openThread(threadFromUrl(), { history: 'none' }));
   refreshThreadList();

@@ -4,15 +4,22 @@
  * (server-masked) args, the decisions its review config allows, one-click Approve, Reject with
  * a reason, Edit args as JSON with the server's field errors inline, Respond; for several
  * actions a choice per action plus Approve all / Reject all, all submitted together. A
- * countdown to `expires_at`; once expired (by the clock, the server's `resumed`, or a 410) it
- * says so and offers nothing to click.
+ * countdown to `expires_at` in the card's head (it stays in view while a panel is open); once
+ * expired (by the clock, the server's `resumed`, or a 410) it says so and offers nothing to click.
+ *
+ * A question (`ask_user`: `respond` is its only decision) is not an approval: the card says the
+ * agent asks something, shows no risk badge, and focuses the answer box. Keyboard: Enter sends
+ * a reason or an answer (Shift+Enter: new line), Ctrl+Enter the edited arguments, Esc backs out
+ * of an open panel. Esc never cancels the request (nor the run: see app.js).
  */
 
 import { TetherError } from './tether-client.js';
-import { button, clock, duration, h, pretty, waitedText } from './dom.js';
+import { argsList, button, clock, duration, h, pretty, uid, waitedText } from './dom.js';
 
 const DECISION_LABELS = { approve: 'Approve', reject: 'Reject', edit: 'Edit args', respond: 'Respond' };
 const DECIDED_LABELS = { approve: 'approved', reject: 'rejected', edit: 'approved with edits', respond: 'answered', expired: 'expired' };
+
+const isQuestion = (allowed) => allowed.length === 1 && allowed[0] === 'respond';
 
 export class ApprovalCard {
   /**
@@ -34,6 +41,7 @@ export class ApprovalCard {
     this.deadline = Date.parse(expiresAt);
     this.createdAt = createdAt;
     this.multi = actions.length > 1;
+    this.questions = this.configs.every(isQuestion);
     this.state = 'pending';
     this.choices = actions.map(() => null);
     this.rows = [];
@@ -43,14 +51,15 @@ export class ApprovalCard {
     this.waitedEl = h('span', { class: 'waited' });
     this.footerEl = h('div', { class: 'approval-footer' });
     this.el = h('section', {
-      class: 'approval', role: 'group', 'aria-labelledby': titleId, tabindex: '-1',
+      class: `approval${this.questions ? ' question' : ''}`, role: 'group', 'aria-labelledby': titleId, tabindex: '-1',
       dataset: { interruptId, state: 'pending', expiresAt },
     },
-    this.titleEl = h('h3', { id: titleId, class: 'approval-title' }),
+    h('div', { class: 'approval-head' },
+      this.titleEl = h('h2', { id: titleId, class: 'approval-title' }),
+      h('div', { class: 'approval-timer' }, this.countdownEl, ' · ', this.waitedEl)),
     actions.map((action, i) => this._row(action, i)),
     this.errorEl,
-    this.footerEl,
-    h('div', { class: 'approval-timer' }, this.countdownEl, ' · ', this.waitedEl));
+    this.footerEl);
     this._renderFooter();
     this._renderTitle();
     this._tick();
@@ -58,14 +67,17 @@ export class ApprovalCard {
   }
 
   _renderTitle() {
-    const what = this.multi ? `${this.actions.length} actions` : 'an action';
+    const n = this.actions.length;
+    const pending = this.questions
+      ? (this.multi ? `The agent asks you ${n} questions` : 'The agent asks you a question')
+      : (this.multi ? `The agent needs your decision on ${n} actions` : 'The agent asks for approval of an action');
     this.titleEl.textContent = {
-      pending: `The agent asks for approval of ${what}`,
-      submitting: 'Sending your decision…',
-      submitted: 'Decision sent',
-      resolved: 'Decided',
-      expired: 'Approval request expired',
-      cancelled: 'Approval request closed',
+      pending,
+      submitting: this.questions ? 'Sending your answer…' : 'Sending your decision…',
+      submitted: this.questions ? 'Answer sent' : 'Decision sent',
+      resolved: this.questions ? 'Answered' : 'Decided',
+      expired: this.questions ? 'Question expired' : 'Approval request expired',
+      cancelled: this.questions ? 'Question closed' : 'Approval request closed',
     }[this.state];
   }
 
@@ -76,37 +88,55 @@ export class ApprovalCard {
     this._tick();
   }
 
+  /** What a control of action `i` is called for a screen reader: unique within the card. */
+  _nameFor(label, i) {
+    if (!this.multi) return null;
+    const action = this.actions[i];
+    return `${label}: action ${i + 1} of ${this.actions.length} (${action.description || action.action})`;
+  }
+
   _row(action, i) {
     const allowed = this.configs[i];
     const row = { index: i, allowed };
-    row.errorEl = h('div', { class: 'field-errors', role: 'alert', hidden: true });
+    row.errorEl = h('div', { class: 'field-errors', id: uid('action-error'), role: 'alert', hidden: true });
     row.panel = h('div', { class: 'panel', hidden: true });
     row.choiceButtons = {};
-    const controls = h('div', { class: 'decision-buttons', role: 'group', 'aria-label': `Decision for ${action.action}` });
+    const controls = h('div', { class: 'decision-buttons', role: 'group', 'aria-label': this._nameFor('Decision', i) || `Decision for ${action.action}` });
     for (const decision of ['approve', 'reject', 'edit', 'respond']) {
       if (!allowed.includes(decision)) continue;
+      const props = { 'aria-label': this._nameFor(DECISION_LABELS[decision], i) };
+      if (this.multi) props['aria-pressed'] = 'false';
       const b = button(DECISION_LABELS[decision], () => this._choose(i, decision),
-        `btn ${decision === 'approve' ? 'approve primary' : decision} choice-${decision}`,
-        this.multi ? { 'aria-pressed': 'false' } : {});
+        `btn ${decision === 'approve' ? 'approve primary' : decision} choice-${decision}`, props);
       row.choiceButtons[decision] = b;
       controls.append(b);
     }
     row.controls = controls;
     row.outcomeEl = h('div', { class: 'action-outcome', hidden: true });
+    const question = isQuestion(allowed);
     row.el = h('div', { class: 'action', dataset: { index: i, callId: action.call_id, action: action.action } },
       h('div', { class: 'action-head' },
         h('span', { class: 'tool-name', text: action.action }),
-        action.risk ? h('span', { class: `risk risk-${action.risk}`, text: action.risk }) : null),
+        action.risk && !question ? h('span', { class: `risk risk-${action.risk}`, text: action.risk }) : null),
       action.description ? h('p', { class: 'description', text: action.description }) : null,
-      h('pre', { class: 'args', 'aria-label': 'Arguments', text: pretty(action.args) }),
+      question ? null : argsList(action.args, { 'aria-label': 'Arguments' }),
       controls, row.panel, row.errorEl, row.outcomeEl);
     this.rows.push(row);
     // A tool that allows only `respond` (ask the user) shows its answer box at once.
-    if (allowed.length === 1 && allowed[0] === 'respond' && !this.multi) {
+    if (question && !this.multi) {
       controls.hidden = true;
       this._choose(i, 'respond', { focus: false });
     }
     return row.el;
+  }
+
+  /** Put the cursor in the answer box of a question, unless the person is typing elsewhere. */
+  focusAnswer() {
+    const row = this.rows.find((r) => r.field && isQuestion(r.allowed));
+    if (!row || this.state !== 'pending') return;
+    const active = document.activeElement;
+    const typing = active && active !== row.field && /^(TEXTAREA|INPUT)$/.test(active.tagName) && active.value;
+    if (!typing) row.field.focus();
   }
 
   _choose(i, decision, { focus = true } = {}) {
@@ -125,11 +155,12 @@ export class ApprovalCard {
     }
     row.panel.replaceChildren();
     row.panel.hidden = true;
-    // Back out of this choice (Cancel, or Esc in its field; Esc then does not stop the run).
+    // Back out of this choice (Back, or Esc in its field; Esc never cancels the request).
     const reset = () => {
       this.choices[i] = null;
       row.panel.hidden = true;
       row.panel.replaceChildren();
+      row.field = null;
       for (const b of Object.values(row.choiceButtons)) {
         b.classList.remove('chosen');
         if (this.multi) b.setAttribute('aria-pressed', 'false');
@@ -138,27 +169,52 @@ export class ApprovalCard {
       this._renderFooter();
       row.choiceButtons[decision]?.focus();
     };
-    const closeOnEsc = (event) => {
-      if (event.key !== 'Escape' || row.allowed.length === 1) return;
+    // Enter (or Ctrl+Enter where Enter is a new line) confirms; Esc backs out of the panel.
+    const keys = (enterSends) => (event) => {
+      if (event.key === 'Escape') {
+        event.preventDefault(); // the page's Esc handler leaves prevented events alone
+        if (row.allowed.length > 1) {
+          event.stopPropagation();
+          reset();
+        }
+        return;
+      }
+      if (event.key !== 'Enter' || event.isComposing) return;
+      const send = (event.ctrlKey || event.metaKey) || (enterSends && !event.shiftKey);
+      if (!send) return;
       event.preventDefault();
-      event.stopPropagation();
-      reset();
+      this._submit();
     };
     const confirm = (label, cls) => (this.multi ? null : button(label, () => this._submit(), `btn ${cls}`));
-    const cancel = () => (this.multi || row.allowed.length === 1 ? null : button('Cancel', reset, 'btn'));
+    const cancel = () => (this.multi || row.allowed.length === 1 ? null : button('Back', reset, 'btn back', { 'aria-label': 'Back to the choices' }));
+    const hintId = uid('hint');
+    const describedBy = `${hintId} ${row.errorEl.id}`;
     let field = null;
     if (decision === 'reject') {
-      field = h('textarea', { class: 'reason', rows: 2, placeholder: 'Why? The agent sees this (optional)', 'aria-label': 'Reason for rejecting', onkeydown: closeOnEsc });
-      row.panel.append(field, h('div', { class: 'panel-actions' }, confirm('Reject', 'danger confirm-reject'), cancel()));
+      field = h('textarea', {
+        class: 'reason', rows: 2, placeholder: 'Why? The agent sees this (optional)', 'aria-describedby': describedBy,
+        'aria-label': this._nameFor('Reason for rejecting', i) || 'Reason for rejecting', onkeydown: keys(true),
+      });
+      row.panel.append(field,
+        h('div', { class: 'hint', id: hintId, text: this.multi ? 'Ctrl+Enter submits the decisions; Esc goes back.' : 'Enter rejects, Shift+Enter adds a line, Esc goes back.' }),
+        h('div', { class: 'panel-actions' }, confirm('Confirm rejection', 'danger confirm-reject'), cancel()));
     } else if (decision === 'edit') {
-      field = h('textarea', { class: 'args-editor', rows: Math.min(12, pretty(this.actions[i].args).split('\n').length + 1), spellcheck: 'false', 'aria-label': 'Arguments (JSON)', onkeydown: closeOnEsc });
+      field = h('textarea', {
+        class: 'args-editor', rows: Math.min(12, pretty(this.actions[i].args).split('\n').length + 1), spellcheck: 'false',
+        'aria-label': this._nameFor('Arguments (JSON)', i) || 'Arguments (JSON)', 'aria-describedby': describedBy, onkeydown: keys(false),
+      });
       field.value = pretty(this.actions[i].args);
       field.addEventListener('input', () => this._clearErrors());
-      row.panel.append(h('div', { class: 'hint', text: 'Edit the arguments as JSON. Masked values (****) keep their real value.' }),
+      row.panel.append(h('div', { class: 'hint', id: hintId, text: `Edit the arguments as JSON. Masked values (****) keep their real value.${this.multi ? '' : ' Ctrl+Enter approves.'}` }),
         field, h('div', { class: 'panel-actions' }, confirm('Approve with these args', 'primary confirm-edit'), cancel()));
     } else if (decision === 'respond') {
-      field = h('textarea', { class: 'response', rows: 2, placeholder: 'Your answer', 'aria-label': 'Your answer', onkeydown: closeOnEsc });
-      row.panel.append(field, h('div', { class: 'panel-actions' }, confirm('Send answer', 'primary confirm-respond'), cancel()));
+      field = h('textarea', {
+        class: 'response', rows: 2, placeholder: 'Your answer', 'aria-describedby': describedBy,
+        'aria-label': this._nameFor('Your answer', i) || 'Your answer', onkeydown: keys(!this.multi),
+      });
+      row.panel.append(field,
+        h('div', { class: 'hint', id: hintId, text: this.multi ? 'Ctrl+Enter submits the decisions.' : 'Enter sends, Shift+Enter adds a line.' }),
+        h('div', { class: 'panel-actions' }, confirm('Send answer', 'primary confirm-respond'), cancel()));
     }
     row.field = field;
     if (field) {
@@ -173,16 +229,23 @@ export class ApprovalCard {
       this.footerEl.replaceChildren();
       return;
     }
-    const allChosen = this.choices.every(Boolean);
+    const chosen = this.choices.filter(Boolean).length;
+    const left = this.actions.length - chosen;
     const allCan = (d) => this.configs.every((c) => c.includes(d));
     this.rejectAllReason = this.rejectAllReason || h('input', { type: 'text', class: 'reject-all-reason', placeholder: 'Reason for Reject all (optional)', 'aria-label': 'Reason for rejecting all' });
-    this.footerEl.replaceChildren(
-      button('Approve all', () => this._all('approve'), 'btn primary approve-all', { disabled: !allCan('approve') }),
-      button('Reject all', () => this._all('reject'), 'btn danger reject-all', { disabled: !allCan('reject') }),
-      this.rejectAllReason,
-      h('span', { class: 'spacer' }),
-      button('Submit decisions', () => this._submit(), 'btn primary submit', { disabled: !allChosen }),
-    );
+    this.submitHintId = this.submitHintId || uid('submit-hint');
+    // Submit stays clickable: pressed too early, it marks the actions that still need a choice.
+    this.footerEl.replaceChildren(...[
+      allCan('approve') ? button('Approve all', () => this._all('approve'), 'btn primary approve-all') : null,
+      allCan('reject') ? button('Reject all', () => this._all('reject'), 'btn danger reject-all') : null,
+      allCan('reject') ? this.rejectAllReason : null,
+      h('div', { class: 'submit-row' },
+        button('Submit decisions', () => this._submit(), 'btn primary submit', { 'aria-describedby': this.submitHintId }),
+        h('span', {
+          class: 'submit-hint', id: this.submitHintId, 'aria-live': 'polite',
+          text: left ? `${chosen} of ${this.actions.length} decided — choose for each action` : `All ${this.actions.length} decided`,
+        })),
+    ].filter(Boolean));
   }
 
   _all(decision) {
@@ -247,6 +310,11 @@ export class ApprovalCard {
         decisions.push({ decision: 'respond', message });
       }
     });
+    if (!ok) {
+      // Take the person to the first action that needs them.
+      const first = this.rows.find((row) => !row.errorEl.hidden);
+      (first.field || Object.values(first.choiceButtons)[0])?.focus();
+    }
     return ok ? decisions : null;
   }
 
@@ -312,6 +380,11 @@ export class ApprovalCard {
   }
 
   _setState(state) {
+    // Sending disables the controls (and a decision removes them): keep keyboard focus on the
+    // card rather than losing it to <body>, and give it back to the control if sending failed.
+    const focused = document.activeElement;
+    const hadFocus = this.el.contains(focused);
+    if (hadFocus && focused !== this.el) this.focusBefore = focused;
     this.state = state;
     this.el.dataset.state = state;
     const active = state === 'pending';
@@ -321,20 +394,20 @@ export class ApprovalCard {
     if (state !== 'pending' && state !== 'submitting') this._finish();
     this._renderFooter();
     this._renderTitle();
+    if (!hadFocus) return;
+    if (active && this.focusBefore && this.el.contains(this.focusBefore)) this.focusBefore.focus();
+    else if (!active) this.el.focus({ preventScroll: true });
   }
 
   /** Remove everything clickable: the card only reports from now on. */
   _finish() {
     clearInterval(this.timer);
-    // The buttons go away: keep keyboard focus on the card rather than losing it to <body>.
-    const hadFocus = this.el.contains(document.activeElement);
     for (const row of this.rows) {
       row.controls.remove();
       row.panel.remove();
     }
     this.footerEl.replaceChildren();
     this._tick();
-    if (hadFocus) this.el.focus({ preventScroll: true });
   }
 
   /** The `resumed` event: how each action was decided (or that the window closed). */
@@ -353,7 +426,7 @@ export class ApprovalCard {
       let text = `✓ ${DECIDED_LABELS[d.decision] || d.decision}`;
       if (d.decision === 'reject') text = `✗ rejected${d.reason ? ` — “${d.reason}”` : ''}`;
       if (d.decision === 'respond') text = `answered — “${d.message}”`;
-      if (d.decision === 'edit') text = `✓ approved with edits: ${JSON.stringify(d.args)}`;
+      if (d.decision === 'edit') text = '✓ approved with edits (see the tool card)';
       row.outcomeEl.textContent = text;
     });
   }
@@ -364,7 +437,7 @@ export class ApprovalCard {
     this._setState('expired');
     this.errorEl.hidden = false;
     this.errorEl.dataset.kind = 'info';
-    this.errorEl.textContent = 'This request expired — nothing was executed. The agent continues without it.';
+    this.errorEl.textContent = `This request expired at ${clock(this.deadline)} — nothing was executed. The agent continues without it.`;
   }
 
   /** The run ended while this was pending (stopped, or failed). */
@@ -386,7 +459,7 @@ export class ApprovalCard {
     } else if (this.state === 'expired') {
       this.countdownEl.textContent = `expired at ${clock(this.deadline)}`;
       this.countdownEl.dataset.secondsLeft = '0';
-      this.waitedEl.textContent = 'nothing to decide';
+      this.waitedEl.textContent = 'not executed';
     } else {
       this.countdownEl.textContent = this.state === 'submitted' ? 'decision sent' : this.state;
       this.waitedEl.textContent = `waited ${Math.max(0, Math.round((now - this.createdAt) / 1000))} s`;

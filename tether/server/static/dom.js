@@ -50,8 +50,50 @@ export function duration(seconds) {
   return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, '0')}`;
 }
 
+/** How long a request has waited, for people: "asked just now", "asked 40 s ago", "asked 3 min ago". */
 export function waitedText(seconds) {
-  return seconds < 60 ? `waiting for ${Math.max(0, Math.floor(seconds))} s` : `waiting for ${Math.floor(seconds / 60)} min`;
+  if (seconds < 10) return 'asked just now';
+  return seconds < 60 ? `asked ${Math.floor(seconds)} s ago` : `asked ${Math.floor(seconds / 60)} min ago`;
+}
+
+/** A value as people read it in one line: strings bare, everything else as JSON. */
+export function plain(value) {
+  if (typeof value === 'string') return value;
+  try {
+    return JSON.stringify(value);
+  } catch (_) {
+    return String(value);
+  }
+}
+
+/** `key: value, key: value` of an object on one line (a tool card's summary). */
+export function oneLine(value) {
+  if (value && typeof value === 'object' && !Array.isArray(value)) {
+    return Object.entries(value).map(([k, v]) => `${k}: ${plain(v)}`).join(', ');
+  }
+  return value == null ? '' : plain(value);
+}
+
+/** Arguments as a key/value list (shorter than JSON, and what a reviewer reads). */
+export function argsList(args, props = {}) {
+  if (!args || typeof args !== 'object' || Array.isArray(args)) return h('pre', { class: 'args', ...props, text: pretty(args) });
+  return h('dl', { class: 'args args-list', ...props },
+    Object.entries(args).map(([k, v]) => h('div', {}, h('dt', { text: k }), h('dd', { text: plain(v) }))));
+}
+
+/** Which keys an edit changed: [{key, before, after}] (JSON-equal values are unchanged). */
+export function argsDiff(before, after) {
+  const keys = [...new Set([...Object.keys(before || {}), ...Object.keys(after || {})])];
+  const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+  return keys.filter((k) => !same((before || {})[k], (after || {})[k]))
+    .map((k) => ({ key: k, before: (before || {})[k], after: (after || {})[k] }));
+}
+
+/** An id unique in the page (for aria-describedby and friends). */
+let lastId = 0;
+export function uid(prefix = 'el') {
+  lastId += 1;
+  return `${prefix}-${lastId}`;
 }
 
 /** Keep the chat pinned to the bottom while it grows, unless the reader scrolled up. */

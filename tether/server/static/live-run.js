@@ -34,6 +34,11 @@ export class LiveRun {
     this.cards = new Map();
     this.approvals = new Map();
     this.stopRequested = false;
+    /** When this page asked for a stop, and how (`soft` waits for a running tool). */
+    this.stopMode = null;
+    this.stopAt = null;
+    /** The block showing the typing cursor (the one receiving tokens right now), if any. */
+    this.typingBlock = null;
     this.report = {
       runId: run.id, streamedText: {}, tokenEvents: 0, eventsAfterTerminal: 0, states: [],
       terminal: null, mismatches: [], duplicates: 0, reconnects: 0,
@@ -77,9 +82,30 @@ export class LiveRun {
     keepScroll(() => this.el.append(el));
   }
 
+  /** Move the typing cursor to `block` (null: nobody is typing — a tool runs, a human decides…). */
+  setTyping(block) {
+    if (this.typingBlock === block) return;
+    this.typingBlock?.typing(false);
+    this.typingBlock = block;
+    block?.typing(true);
+  }
+
+  /** The gated tool cards that wait for a human, and approval cards still open. */
+  hasPendingApproval() {
+    for (const card of this.approvals.values()) if (card.state === 'pending' || card.state === 'submitting') return true;
+    return false;
+  }
+
+  /** The tool running now (a soft stop waits for it), or null. */
+  runningTool() {
+    for (const card of this.cards.values()) if (card.state === 'running') return card.name;
+    return null;
+  }
+
   onEvent(envelope) {
     const data = envelope.data;
     if (this.report.terminal) this.report.eventsAfterTerminal += 1;
+    if (envelope.type !== 'token') this.setTyping(null);
     switch (envelope.type) {
       case 'status':
         if (data.stage === 'model') this.current = null; // a new model call: a new message
@@ -92,6 +118,7 @@ export class LiveRun {
         text[data.message_id] = (text[data.message_id] || '') + data.text;
         const block = this.blockFor(data.message_id);
         block.answerStarted();
+        this.setTyping(block);
         queueText(block.textNode, data.text);
         break;
       }
@@ -117,10 +144,7 @@ export class LiveRun {
       case 'resumed': {
         const card = this.approvals.get(data.interrupt_id);
         if (card) card.resolve(data);
-        for (const d of data.decisions || []) {
-          const toolCard = this.cards.get(d.call_id);
-          if (toolCard && (d.decision === 'approve' || d.decision === 'edit')) toolCard.setState('running');
-        }
+        this.showDecisions(data, envelope.ts);
         this.current = null;
         break;
       }
@@ -138,8 +162,37 @@ export class LiveRun {
     }
   }
 
+  /** Each reviewed call's card says how it was decided; the audit log adds who decided. */
+  showDecisions(data, ts) {
+    const calls = [];
+    if (data.resolution === 'expired') {
+      const card = this.approvals.get(data.interrupt_id);
+      for (const action of card ? card.actions : []) calls.push([action.call_id, { decision: 'expired', ts }]);
+    }
+    for (const d of data.decisions || []) {
+      const toolCard = this.cards.get(d.call_id);
+      const decision = { decision: d.decision, ts, reason: d.reason, message: d.message };
+      if (d.decision === 'edit') Object.assign(decision, { original: toolCard ? toolCard.args : null, edited: d.args });
+      calls.push([d.call_id, decision]);
+      if (toolCard && (d.decision === 'approve' || d.decision === 'edit')) toolCard.setState('running');
+    }
+    for (const [callId, decision] of calls) this.cards.get(callId)?.setDecision(decision);
+    if (data.resolution !== 'decided') return;
+    this.api.audit({ runId: this.runId }).then((entries) => {
+      for (const [callId, decision] of calls) {
+        const entry = entries.filter((e) => e.action === 'decision' && e.call_id === callId).pop();
+        if (entry) this.cards.get(callId)?.setDecision({ ...decision, actor: entry.actor, ts: entry.ts });
+      }
+    }).catch(() => {}); // who decided is a detail: the decision itself is already shown
+  }
+
   openApproval(envelope) {
     const data = envelope.data;
+    // A question (`respond` only) is not an approval: its tool card says it waits for an answer.
+    data.action_requests.forEach((action, i) => {
+      const allowed = (data.review_configs[i] && data.review_configs[i].allowed_decisions) || [];
+      if (allowed.length === 1 && allowed[0] === 'respond') this.cards.get(action.call_id)?.setState('asking');
+    });
     const card = new ApprovalCard({
       interruptId: data.interrupt_id,
       actions: data.action_requests,
@@ -151,6 +204,7 @@ export class LiveRun {
     });
     this.approvals.set(data.interrupt_id, card);
     this.append(card.el);
+    if (card.questions && this.host.isLive(this)) card.focusAnswer();
     // The countdown follows the server's clock: use its expires_in_s, read just now.
     if (this.pending && this.pending.id === data.interrupt_id) {
       card.calibrate(this.pending.expires_in_s, this.pending.waited_s, this.readAt);
@@ -168,7 +222,15 @@ export class LiveRun {
     if (this.terminal) return null;
     const state = this.stream.state;
     if (state === 'interrupted') return { text: 'Waiting for your decision', busy: false };
-    if (state === 'cancelling') return { text: 'Stopping…', busy: true };
+    if (state === 'cancelling') {
+      const tool = this.runningTool();
+      if (this.stopMode === 'hard') return { text: 'Stopping now…', busy: true };
+      if (tool && this.stopAt) {
+        const s = Math.max(0, Math.floor((Date.now() - this.stopAt) / 1000));
+        return { text: `Stopping: waiting for ${tool} to finish (${s} s so far). A soft stop lets a running tool complete; “Stop now” cancels it.`, busy: true };
+      }
+      return { text: 'Stopping…', busy: true };
+    }
     if (state === 'recovering') return { text: 'Connection lost — reconnecting…', busy: true };
     if (this.status && this.status.stage === 'tool') return { text: `Running ${this.status.detail || 'a tool'}…`, busy: true };
     if (this.status && this.status.stage === 'recovering') return { text: 'Recovering the run…', busy: true };
@@ -185,11 +247,16 @@ export class LiveRun {
     this.report.terminal = envelope.type;
     const data = envelope.data;
     const status = envelope.type === 'done' ? 'complete' : envelope.type === 'error' ? 'failed' : 'cancelled';
+    this.setTyping(null);
     for (const block of this.blocks.values()) block.finish(block.messageId === data.partial_message_id || block.messageId === data.message_id ? status : 'complete');
     if (this.current && !this.current.messageId) this.current.finish(status);
-    for (const card of this.cards.values()) if (card.state === 'running' || card.state === 'waiting') card.setState('unfinished');
+    for (const card of this.cards.values()) if (['running', 'waiting', 'asking'].includes(card.state)) card.setState('unfinished');
     for (const card of this.approvals.values()) card.abandon(envelope.type === 'cancelled' ? 'The run was stopped — nothing was executed.' : 'The run ended.');
-    if (envelope.type === 'error') this.append(h('div', { class: 'run-error', role: 'alert', text: `The run failed: ${data.message} (${data.code})` }));
+    if (envelope.type === 'error') {
+      this.error = data;
+      const block = (data.message_id && this.blocks.get(data.message_id)) || this.current || this.currentBlock();
+      block.showError(data, { live: true });
+    }
     this.report.duplicates = this.stream.stats.duplicates;
     this.report.reconnects = this.stream.stats.reconnects;
     // The page reads the thread again: the stored messages (ids, versions, edit buttons) take over.

@@ -5,11 +5,12 @@
  * inline editor. `renderMessages` renders a thread's active path from stored messages.
  */
 
-import { button, h, pretty, spinner } from './dom.js';
+import { argsDiff, button, clock, h, oneLine, plain, pretty, spinner, uid } from './dom.js';
 
 const TOOL_STATE_LABELS = {
   running: 'running…',
   waiting: 'needs approval',
+  asking: 'waiting for your answer',
   ok: 'done',
   error: 'error',
   rejected: 'rejected',
@@ -20,23 +21,35 @@ const TOOL_STATE_LABELS = {
   unfinished: 'not finished',
 };
 
+/**
+ * One tool call: a one-line summary (arguments, then the result) that opens onto the full
+ * arguments and result, and — for a reviewed call — the decision, who made it and when, with an
+ * edit shown as a before → after diff. The decision line stays visible when the card is folded.
+ */
 export class ToolCard {
   constructor({ callId, name, args, risk, gated }) {
     this.callId = callId;
+    this.name = name;
+    this.args = args;
     this.stateEl = h('span', { class: 'tool-state' });
+    this.summaryEl = h('span', { class: 'tool-summary' });
+    this.argsEl = h('pre', { class: 'args', text: pretty(args) });
     this.resultLabel = h('div', { class: 'label', hidden: true, text: 'Result' });
     this.resultEl = h('pre', { class: 'result', hidden: true });
-    // A gated call's arguments are on its approval card: no need to show them twice.
-    this.el = h('details', { class: 'tool-card', open: !gated, dataset: { callId, tool: name } },
+    this.decisionEl = h('div', { class: 'tool-decision', hidden: true });
+    this.details = h('details', { class: 'tool-details' },
       h('summary', {},
         h('span', { class: 'tool-icon', 'aria-hidden': 'true' }, '⚙'),
         h('span', { class: 'tool-name', text: name }),
         risk && risk !== 'read_only' ? h('span', { class: `risk risk-${risk}`, text: risk }) : null,
+        this.summaryEl,
         this.stateEl),
       h('div', { class: 'tool-body' },
         h('div', { class: 'label', text: 'Arguments' }),
-        h('pre', { class: 'args', text: pretty(args) }),
+        this.argsEl,
         this.resultLabel, this.resultEl));
+    this.el = h('div', { class: 'tool-card', dataset: { callId, tool: name } }, this.details, this.decisionEl);
+    this.summaryEl.textContent = oneLine(args);
     this.setState(gated ? 'waiting' : 'running');
   }
 
@@ -47,20 +60,61 @@ export class ToolCard {
     this.stateEl.replaceChildren(busy ? spinner() : '', TOOL_STATE_LABELS[state] || state);
   }
 
+  /** The arguments the tool ran with (a reviewer's edit replaces the model's). */
+  setArgs(args) {
+    this.args = args;
+    this.argsEl.textContent = pretty(args);
+    if (!this.resultText) this.summaryEl.textContent = oneLine(args);
+  }
+
   /** A `tool_result` event's data, or the outcome parsed from a stored tool message. */
   setResult({ status, result, error, reason }) {
     this.setState(status);
-    this.el.open = true;
     let text;
     if (status === 'ok') text = pretty(result);
     else if (status === 'responded') text = pretty(result);
     else text = error || reason || (result != null ? pretty(result) : '');
     if (text) {
+      this.resultText = text;
       this.resultLabel.hidden = false;
       this.resultLabel.textContent = status === 'ok' ? 'Result' : status === 'responded' ? 'Answer' : 'Why';
       this.resultEl.hidden = false;
       this.resultEl.textContent = text;
+      const short = status === 'ok' ? oneLine(result) : status === 'responded' ? `“${plain(result)}”` : text;
+      this.summaryEl.textContent = status === 'responded' ? short : `${oneLine(this.args)} → ${short}`;
     }
+  }
+
+  /**
+   * How a human (or the clock) decided this call: `{decision, actor?, ts?, reason?, message?,
+   * original?, edited?}`, decision one of approve, edit, reject, respond, expired.
+   */
+  setDecision(d) {
+    this.decision = d;
+    const who = d.actor && d.decision !== 'expired' ? ` by ${d.actor}` : '';
+    const when = d.ts ? clock(Date.parse(d.ts)) : '';
+    const at = when ? ` · ${when}` : '';
+    let line;
+    let diff = null;
+    if (d.decision === 'approve') line = `✓ Approved${who}${at}`;
+    else if (d.decision === 'edit') {
+      line = `✓ Approved with edits${who}${at}`;
+      const changes = argsDiff(d.original, d.edited);
+      if (changes.length) {
+        diff = h('ul', { class: 'diff', 'aria-label': 'What the reviewer changed' }, changes.map((c) => h('li', {},
+          h('span', { class: 'diff-key', text: `${c.key}: ` }),
+          h('del', {}, h('span', { class: 'sr-only', text: 'was ' }), c.before === undefined ? '(none)' : plain(c.before)),
+          h('span', { 'aria-hidden': 'true', text: ' → ' }),
+          h('ins', {}, h('span', { class: 'sr-only', text: 'now ' }), c.after === undefined ? '(removed)' : plain(c.after)))));
+      }
+      if (d.edited) this.setArgs(d.edited);
+    } else if (d.decision === 'reject') line = `✗ Rejected${who}${at}${d.reason ? ` — “${d.reason}”` : ''}`;
+    else if (d.decision === 'respond') line = `↩ Answered${who}${at}${d.message ? ` — “${d.message}”` : ''}`;
+    else if (d.decision === 'expired') line = `✗ Expired${when ? ` at ${when}` : ''} — not executed: nobody decided in time`;
+    else line = `${d.decision}${who}${at}`;
+    this.decisionEl.hidden = false;
+    this.decisionEl.dataset.decision = d.decision;
+    this.decisionEl.replaceChildren(h('span', { class: 'decision-line', text: line }), ...(diff ? [diff] : []));
   }
 }
 
@@ -102,6 +156,23 @@ export class AssistantBlock {
       h('div', { class: 'who', text: 'Agent' }), this.textEl, this.cardsEl, this.badgeEl);
   }
 
+  /** The typing cursor: only on the text that is receiving tokens right now. */
+  typing(on) {
+    if (on) this.el.dataset.typing = 'true';
+    else delete this.el.dataset.typing;
+  }
+
+  /**
+   * Why the run ended badly, under the message (kept after a reload: it is the run's `error`).
+   * Announced (role=alert) only when it happens, not each time the chat is drawn again.
+   */
+  showError(error, { live = false } = {}) {
+    this.errorEl?.remove();
+    this.errorEl = h('div', { class: 'run-error', role: live ? 'alert' : null, text: `The run failed: ${error.message} (${error.code})` });
+    this.textEl.classList.remove('empty');
+    this.el.append(this.errorEl);
+  }
+
   setId(id) {
     this.messageId = id;
     this.el.dataset.id = id;
@@ -125,6 +196,7 @@ export class AssistantBlock {
   }
 
   finish(status) {
+    this.typing(false);
     this.el.dataset.status = status;
     if (this.thinkingEl) this.thinkingEl.open = false;
     const badge = MESSAGE_BADGES[status];
@@ -147,9 +219,11 @@ function branchSwitcher(message, busy, switchBranch) {
 function inlineEditor(article, initial, saveLabel, onSave) {
   const textEl = article.querySelector('.text');
   const actions = article.querySelector('.actions');
-  const area = h('textarea', { class: 'msg-editor', rows: Math.min(10, initial.split('\n').length + 1), 'aria-label': 'Edit message' });
+  const errorEl = h('div', { class: 'field-errors', id: uid('edit-error'), role: 'alert', hidden: true });
+  const area = h('textarea', {
+    class: 'msg-editor', rows: Math.min(10, initial.split('\n').length + 1), 'aria-label': 'Edit message', 'aria-describedby': errorEl.id,
+  });
   area.value = initial;
-  const errorEl = h('div', { class: 'field-errors', role: 'alert', hidden: true });
   const close = () => {
     editor.remove();
     textEl.hidden = false;
@@ -183,9 +257,11 @@ function inlineEditor(article, initial, saveLabel, onSave) {
 /**
  * Render the stored messages of the active path into `into` (tool messages go into the cards
  * of their calls). `actions` = {fork(message, text), regenerate(userMessageId),
- * editAnswer(messageId, text), switchBranch(messageId)}; `thinking` = reasoning by message id.
+ * editAnswer(messageId, text), switchBranch(messageId)}; `thinking` = reasoning by message id;
+ * `decisions` = how each reviewed call was decided, by call id (from the audit log);
+ * `runErrors` = the `error` of each failed run, by run id.
  */
-export function renderMessages(messages, into, { busy, actions, thinking = new Map() }) {
+export function renderMessages(messages, into, { busy, actions, thinking = new Map(), decisions = new Map(), runErrors = new Map() }) {
   const cards = new Map();
   let lastUserId = null;
   // "Regenerate" goes on the last assistant message of each turn (or on a user message that
@@ -223,10 +299,14 @@ export function renderMessages(messages, into, { busy, actions, thinking = new M
       for (const call of message.tool_calls || []) {
         const card = new ToolCard({ callId: call.id, name: call.name, args: call.args, risk: call.risk, gated: false });
         card.setState('unfinished');
+        const decision = decisions.get(call.id);
+        if (decision) card.setDecision(decision);
         cards.set(call.id, card);
         block.cardsEl.append(card.el);
       }
       block.finish(message.status || 'complete');
+      const error = message.status === 'failed' ? runErrors.get(message.run_id) : null;
+      if (error) block.showError(error);
       if (message.edited_by_user) block.badgeEl.append(h('span', { class: 'badge', text: 'edited' }));
       const editable = !(message.tool_calls || []).length;
       block.el.append(h('div', { class: 'actions' },
