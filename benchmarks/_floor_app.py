@@ -17,9 +17,9 @@ import argparse
 import json
 import os
 import time
-from datetime import datetime, timezone
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from functools import lru_cache
-from typing import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -35,7 +35,7 @@ def _id(prefix: str) -> str:
 
 
 def _event(run_id: str, seq: int, event_type: str, data: dict[str, object]) -> bytes:
-    ts = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     envelope = json.dumps(
         {"run_id": run_id, "seq": seq, "type": event_type, "ts": ts, "data": data},
         separators=(",", ":"),

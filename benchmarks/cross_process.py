@@ -63,7 +63,7 @@ import sqlalchemy as sa
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from stream_throughput import Server, cpu_seconds, free_port, machine
+from stream_throughput import Server, cpu_seconds, free_port, machine  # noqa: E402  # after the sys.path entry
 
 TERMINAL_TYPES = ("done", "error", "cancelled")
 TERMINAL_MARKERS = tuple(b"\nevent: " + t.encode() + b"\n" for t in TERMINAL_TYPES)
@@ -79,8 +79,18 @@ class TetherProcess(Server):
     def __init__(self, name: str, db_url: str, lease_s: float, log_dir: Path) -> None:
         port = free_port()
         argv = [
-            sys.executable, "-m", "tether.cli", "demo", "--port", str(port), "--db", db_url,
-            "--lease-seconds", str(lease_s), "--log-level", "warning",
+            sys.executable,
+            "-m",
+            "tether.cli",
+            "demo",
+            "--port",
+            str(port),
+            "--db",
+            db_url,
+            "--lease-seconds",
+            str(lease_s),
+            "--log-level",
+            "warning",
         ]
         super().__init__(name, argv, port, log_dir / f"{name}-{port}.log")
 
@@ -100,7 +110,7 @@ def start_together(*servers: TetherProcess) -> None:
     def wait(server: TetherProcess) -> None:
         try:
             server.wait_until_ready()
-        except Exception as exc:  # noqa: BLE001 — re-raised below (it carries the server's log)
+        except Exception as exc:
             errors.append(exc)
 
     waiters = [threading.Thread(target=wait, args=(s,)) for s in servers]
@@ -210,8 +220,7 @@ class Follower(threading.Thread):
         self.live = live
         self.timeout = timeout
         self.request = (
-            f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-            "Accept: text/event-stream\r\nConnection: close\r\n\r\n"
+            f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAccept: text/event-stream\r\nConnection: close\r\n\r\n"
         ).encode()
         self.reader = SSEReader()
         self.chunks: list[tuple[float, bytes]] = []
@@ -223,7 +232,7 @@ class Follower(threading.Thread):
     def run(self) -> None:
         try:
             self._follow()
-        except Exception as exc:  # noqa: BLE001 — reported by finish()
+        except Exception as exc:
             self.error = exc
 
     def _follow(self) -> None:
@@ -309,9 +318,9 @@ class Database:
         return self._run(self.conn.fetchrow("SELECT status, executor_id, lease_expires_at FROM runs WHERE id = $1", run_id))
 
     def describe_server(self) -> str:
-        rows = self._run(self._admin(
-            "SELECT name, setting FROM pg_settings WHERE name IN ('server_version', 'synchronous_commit', 'fsync', 'commit_delay') ORDER BY name"
-        ))
+        rows = self._run(
+            self._admin("SELECT name, setting FROM pg_settings WHERE name IN ('server_version', 'synchronous_commit', 'fsync', 'commit_delay') ORDER BY name")
+        )
         return ", ".join(f"{r['name']}={r['setting']}" for r in rows)
 
 
@@ -366,7 +375,7 @@ def measure_live(a: Server, b: Server, steps: dict[str, Any], head_start: float,
         results[name].server_cpu_s += cpu[name]
         results[name].streams += 1
         results[name].run_tokens += tokens
-    for f, events in zip(followers, received):
+    for f, events in zip(followers, received, strict=True):
         name = f.server.name
         toks = [e for e in events if e.type == "token"]
         if len(toks) != tokens:
@@ -531,15 +540,28 @@ def versions() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--postgres-url", default=DEFAULT_ADMIN_URL, help=f"a database on the server to create the temporary one on (default {DEFAULT_ADMIN_URL}, or $TETHER_TEST_POSTGRES_URL)")
+    parser.add_argument(
+        "--postgres-url",
+        default=DEFAULT_ADMIN_URL,
+        help=f"a database on the server to create the temporary one on (default {DEFAULT_ADMIN_URL}, or $TETHER_TEST_POSTGRES_URL)",
+    )
     parser.add_argument("--only", choices=("latency", "takeover"), help="run one of the two measurements")
     parser.add_argument("--tokens", type=int, default=2000, help="tokens of the paced latency stream (default 2000)")
     parser.add_argument("--delay-ms", type=float, default=5.0, help="pause before each token, latency stream and killed run (default 5)")
     parser.add_argument("--streams", type=int, default=1, help="paced latency streams, their samples pooled (default 1)")
     parser.add_argument("--burst-tokens", type=int, default=20000, help="tokens of the zero-delay stream (default 20000; 0: skip it)")
     parser.add_argument("--fanout", type=int, default=10, help="clients following one more paced stream through A (default 10; 0: skip it)")
-    parser.add_argument("--head-start", type=float, default=0.5, help="seconds the run waits (a sleep tool call) before streaming, so the followers attach first (default 0.5)")
-    parser.add_argument("--lease-seconds", type=float, nargs="+", default=[2.0], metavar="L", help="lease(s) to measure takeover with, a fresh pair of processes each (default 2; tether's default is 10)")
+    parser.add_argument(
+        "--head-start", type=float, default=0.5, help="seconds the run waits (a sleep tool call) before streaming, so the followers attach first (default 0.5)"
+    )
+    parser.add_argument(
+        "--lease-seconds",
+        type=float,
+        nargs="+",
+        default=[2.0],
+        metavar="L",
+        help="lease(s) to measure takeover with, a fresh pair of processes each (default 2; tether's default is 10)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="kills per lease value (default 3)")
     parser.add_argument("--kill-after", type=int, default=50, help="tokens the client on B must have received before A is killed (default 50)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random pause before each kill")

@@ -41,9 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -301,7 +301,7 @@ def main() -> None:
                 server.wait_until_ready()
                 # The pid is for a profiler: py-spy record --pid <pid> while the streams run.
                 print(f"{server.name}: pid {server.pid}, {server.url}", file=sys.stderr)
-            for name, (server, fn) in servers.items():
+            for server, fn in servers.values():
                 for _ in range(args.warmup):
                     fn(server, args.tokens)
             results: dict[str, list[Stream]] = {name: [] for name in servers}
@@ -328,7 +328,7 @@ def main() -> None:
         verdict = "meets" if ratio >= TARGET_RATIO else "misses"
         print(f"\nTether delivers {ratio:.3f}× the floor's events/s: it {verdict} the target of ≥ {TARGET_RATIO}×.")
     else:
-        (name, runs), = results.items()
+        ((name, runs),) = results.items()
         print(f"{name}: {statistics.median(r.events_per_s for r in runs):,.0f} events/s (median)")
 
 

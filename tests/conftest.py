@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import asyncpg
 import httpx
@@ -180,7 +181,9 @@ class ServerProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tether.cli", "demo", "--port", str(self.port), "--db", self.db_url, "--log-level", "warning", *self.extra_args],
-            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         log.close()
         deadline = time.monotonic() + 30

@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Self, Sequence
+from typing import Any, Self
 
 import anyio
 import uvicorn

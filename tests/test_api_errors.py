@@ -1,4 +1,4 @@
-"""The HTTP API's error contract (DESIGN §4): every bad request gets the right 4xx and the one
+"""The HTTP API's error contract: every bad request gets the right 4xx and the one
 error shape ``{"error": {"code", "message", "details"}}``; never a stack trace, never a 500.
 
 Besides the named cases, a property-style fuzz sends arbitrary JSON (and non-JSON) bodies to
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -111,9 +112,7 @@ def target(kind: str, thread_id: str, finished_run: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("kind", ["threads", "runs", "cancel"])
 @pytest.mark.parametrize("body", [b"{bad", b'{"input": ', b"{'single': 'quotes'}", b'{"a": 1,}', b"\xff\xfe\x00"])
-async def test_a_malformed_json_body_is_400_invalid_json(
-    http: httpx.AsyncClient, thread_id: str, finished_run: dict[str, Any], kind: str, body: bytes
-) -> None:
+async def test_a_malformed_json_body_is_400_invalid_json(http: httpx.AsyncClient, thread_id: str, finished_run: dict[str, Any], kind: str, body: bytes) -> None:
     response = await http.post(target(kind, thread_id, finished_run), content=body, headers=JSON)
     assert_error(response, 400, "invalid_json")
 
@@ -203,9 +202,7 @@ async def test_metadata_that_cannot_be_sent_back_as_json_is_422(http: httpx.Asyn
     assert listing.status_code == 200, listing.text
 
 
-async def test_edited_args_that_cannot_be_stored_are_422_and_the_interrupt_stays_pending(
-    http: httpx.AsyncClient, thread_id: str
-) -> None:
+async def test_edited_args_that_cannot_be_stored_are_422_and_the_interrupt_stays_pending(http: httpx.AsyncClient, thread_id: str) -> None:
     # The demo's keyword rule asks for a refund: a destructive tool, so the run waits for review.
     run = (await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": "refund 25 on order A100"}})).json()
     async with http.stream("GET", f"/v1/runs/{run['id']}/events", headers={"Accept": "text/event-stream"}) as stream:
@@ -252,13 +249,9 @@ async def test_parent_id_from_another_thread_is_refused(http: httpx.AsyncClient,
     assert thread["active_run_id"] is None and thread["active_leaf_id"] is None
 
 
-async def test_a_field_the_store_refuses_is_located_in_the_body_or_the_path(
-    http: httpx.AsyncClient, thread_id: str, finished_run: dict[str, Any]
-) -> None:
+async def test_a_field_the_store_refuses_is_located_in_the_body_or_the_path(http: httpx.AsyncClient, thread_id: str, finished_run: dict[str, Any]) -> None:
     error = assert_error(await http.post(f"/v1/threads/{thread_id}/runs", json={"parent_id": None}), 422, "input_required")
-    assert error["details"] == [
-        {"loc": ["body", "input"], "msg": "input.content is required unless parent_id is a user message", "type": "missing"}
-    ]
+    assert error["details"] == [{"loc": ["body", "input"], "msg": "input.content is required unless parent_id is a user message", "type": "missing"}]
     user_message = finished_run["input_message_id"]
     error = assert_error(await http.patch(f"/v1/messages/{user_message}", json={"content": "x"}), 422, "not_an_assistant_message")
     assert error["details"] == [{"loc": ["path", "message_id"], "msg": "message role is user", "type": "role"}]
@@ -293,7 +286,9 @@ async def test_an_unknown_route_is_404_json(http: httpx.AsyncClient, path: str) 
     assert_error(await http.post(path, json={}), 404, "not_found")
 
 
-@pytest.mark.parametrize(("method", "path"), [("DELETE", "/v1/threads"), ("PUT", "/v1/runs/run_x"), ("GET", "/v1/runs/run_x/cancel"), ("PATCH", "/v1/threads/thr_x/runs")])
+@pytest.mark.parametrize(
+    ("method", "path"), [("DELETE", "/v1/threads"), ("PUT", "/v1/runs/run_x"), ("GET", "/v1/runs/run_x/cancel"), ("PATCH", "/v1/threads/thr_x/runs")]
+)
 async def test_a_wrong_method_is_405_json(http: httpx.AsyncClient, method: str, path: str) -> None:
     response = await http.request(method, path)
     assert_error(response, 405, "method_not_allowed")

@@ -1,10 +1,10 @@
 """Cancellation through the real server: ``POST /v1/runs/{id}/cancel`` stops a run for real.
 
-What DESIGN §6 promises, checked from the outside: both modes stop the model stream at once;
+What cancellation promises, checked from the outside: both modes stop the model stream at once;
 ``soft`` lets an executing tool finish and record its result, ``hard`` cancels the tool too;
 the run ends with exactly one ``cancelled`` event; the partial answer is kept, flagged
 ``cancelled``; a cancelled run never becomes ``completed``; and only one run per thread is ever
-active (§2, §8).
+active.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import asyncio
 import os
 import random
 import time
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +26,6 @@ from tether.events import TERMINAL_TYPES, Envelope
 from .conftest import LiveServer, script
 
 pytestmark = pytest.mark.anyio
-
 
 
 def sleep_then_answer(seconds: float) -> str:
@@ -123,7 +123,7 @@ async def sleep_effects(http: httpx.AsyncClient, run_id: str) -> list[dict[str, 
 
 async def stream_until(client: AsyncClient, run_id: str, predicate: Any) -> tuple[list[Envelope], AsyncIterator[Envelope]]:
     """Follow the run until ``predicate(event)`` holds; returns the events so far and the live stream."""
-    stream = client.stream(run_id)
+    stream = client.follow(run_id)
     seen: list[Envelope] = []
     async for event in stream:
         seen.append(event)
@@ -147,9 +147,7 @@ def token_counter(n: int) -> Any:
 # -- cancelling the model stream -------------------------------------------------------------
 
 
-async def test_hard_cancel_during_the_model_stream_keeps_the_partial_answer_flagged_cancelled(
-    http: httpx.AsyncClient, client: AsyncClient
-) -> None:
+async def test_hard_cancel_during_the_model_stream_keeps_the_partial_answer_flagged_cancelled(http: httpx.AsyncClient, client: AsyncClient) -> None:
     thread_id = await new_thread(http)
     run = await start_run(http, thread_id, script({"tokens": 500, "delay_ms": 10}))
 
@@ -352,7 +350,7 @@ async def race_one(http: httpx.AsyncClient, client: AsyncClient, rng: random.Ran
     if moment == "soon":
         await asyncio.sleep(rng.uniform(0, 0.08))
     elif moment in ("at_the_last_token", "after_the_end"):
-        async with aclosing(client.stream(run["id"])) as stream:
+        async with aclosing(client.follow(run["id"])) as stream:
             async for event in stream:
                 if moment == "at_the_last_token" and event.type == "token" and event.data["text"].strip() == final_text:
                     break
@@ -366,9 +364,7 @@ async def race_one(http: httpx.AsyncClient, client: AsyncClient, rng: random.Ran
 async def test_a_cancel_racing_the_end_of_a_run_never_yields_completed(http: httpx.AsyncClient, client: AsyncClient) -> None:
     seed = int.from_bytes(os.urandom(4), "big")
     rng = random.Random(seed)
-    outcomes = await asyncio.gather(
-        *(race_one(http, client, random.Random(rng.random()), MOMENTS[i % len(MOMENTS)]) for i in range(30))
-    )
+    outcomes = await asyncio.gather(*(race_one(http, client, random.Random(rng.random()), MOMENTS[i % len(MOMENTS)]) for i in range(30)))
     await asyncio.sleep(0.3)  # let any late write land before re-reading
 
     statuses = set()
@@ -434,9 +430,7 @@ async def test_a_second_run_on_a_busy_thread_is_409_until_the_first_ends(http: h
 async def test_concurrent_runs_on_an_idle_thread_admit_exactly_one(http: httpx.AsyncClient, client: AsyncClient) -> None:
     thread_id = await new_thread(http)
     contents = [script({"text": f"answer {i}"}) for i in range(20)]
-    responses = await asyncio.gather(
-        *(http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": c}}) for c in contents)
-    )
+    responses = await asyncio.gather(*(http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": c}}) for c in contents))
 
     accepted = [r for r in responses if r.status_code == 202]
     assert len(accepted) == 1, [r.status_code for r in responses]

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -52,10 +53,7 @@ class Cluster:
 
 @pytest.fixture
 async def cluster(pg_db_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    servers = [
-        ServerProcess(pg_db_url, tmp_path / f"server-{i}.log", extra_args=("--lease-seconds", str(LEASE_S)))
-        for i in range(3)
-    ]
+    servers = [ServerProcess(pg_db_url, tmp_path / f"server-{i}.log", extra_args=("--lease-seconds", str(LEASE_S))) for i in range(3)]
     try:
         await asyncio.gather(*(asyncio.to_thread(s.start) for s in servers))
         yield Cluster(servers, random.Random(20261130))
@@ -78,7 +76,7 @@ async def follow(cluster: Cluster, run_id: str, rng: random.Random) -> list[dict
                     async for line in response.aiter_lines():
                         if not line.startswith("data: "):
                             continue
-                        event = json.loads(line[len("data: "):])
+                        event = json.loads(line[len("data: ") :])
                         seen.append(event)
                         budget -= 1
                         if event["type"] in TERMINAL or budget <= 0:
@@ -126,7 +124,10 @@ def content_for(kind: str, n: int) -> str:
     if kind == "stream":
         return script({"tokens": 300, "delay_ms": 10})
     if kind == "tools":
-        return script({"text": "looking", "tool_calls": [{"name": "get_order", "args": {"order_id": f"C{n}"}}, {"name": "sleep", "args": {"seconds": 0.3}}]}, {"text": "found it"})
+        return script(
+            {"text": "looking", "tool_calls": [{"name": "get_order", "args": {"order_id": f"C{n}"}}, {"name": "sleep", "args": {"seconds": 0.3}}]},
+            {"text": "found it"},
+        )
     if kind == "refund":
         return f"refund {n + 1} on order R{n}"
     return script({"text": "purging", "tool_calls": [{"name": "purge_cache", "args": {"seconds": 0.6}}]}, {"text": "purged"})
@@ -159,7 +160,7 @@ async def test_runs_survive_killed_processes_and_flaky_clients(cluster: Cluster)
     effects = (await cluster.request("GET", "/v1/demo/effects")).json()["items"]
     taken_over = 0
     summary = []
-    for (run_id, info), seen in zip(runs.items(), streams):
+    for (run_id, info), seen in zip(runs.items(), streams, strict=True):
         run = (await cluster.request("GET", f"/v1/runs/{run_id}")).json()
         assert run["status"] in ("completed", "failed", "cancelled"), (run_id, info, run["status"])
         log = (await cluster.request("GET", f"/v1/runs/{run_id}/events", params={"limit": 1000})).json()["items"]

@@ -13,14 +13,14 @@ def test_the_sync_client_streams_a_run_and_cancels_another(server: LiveServer) -
     with Client(server.url) as client:
         thread = client.create_thread({"from": "sync"})
         run = client.start_run(thread["id"], script({"text": "hello from a plain loop"}))
-        events = list(client.stream(run["id"]))
+        events = list(client.follow(run["id"]))
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
         assert events[-1].type == "done"
         assert "".join(e.data["text"] for e in events if e.type == "token") == "hello from a plain loop"
 
         slow = client.start_run(thread["id"], script({"tokens": 2000, "delay_ms": 5}))
         seen = []
-        for event in client.stream(slow["id"]):
+        for event in client.follow(slow["id"]):
             seen.append(event)
             if sum(e.type == "token" for e in seen) == 5:
                 assert client.cancel(slow["id"], mode="hard")["status"] in ("cancelling", "cancelled")

@@ -1,4 +1,4 @@
-"""Correction through the real server (DESIGN §4, §7): fork, regenerate, switch, steer, edit.
+"""Correction through the real server: fork, regenerate, switch, steer, edit.
 
 What matters in every test here is what the model is given. ScriptedModel's ``{"echo": true}``
 step answers with the JSON list of exactly the messages the model received (system prompt
@@ -111,7 +111,7 @@ async def api_error(call: Any) -> APIError:
 async def events_until(client: AsyncClient, run_id: str, event_type: str) -> list[Envelope]:
     """Follow the run until its first event of ``event_type`` (which must come)."""
     seen: list[Envelope] = []
-    async with aclosing(client.stream(run_id)) as stream:
+    async with aclosing(client.follow(run_id)) as stream:
         async for event in stream:
             seen.append(event)
             if event.type == event_type:
@@ -153,7 +153,7 @@ async def test_editing_the_second_user_message_gives_the_model_only_the_new_path
         assert (tree[old["id"]]["parent_id"], tree[old["id"]]["content"]) == (old["parent_id"], old["content"])
 
     # Switching back restores the old path exactly, and the model builds on it again.
-    switched = await client.switch_branch(thread_id, u2["id"])
+    switched = await client.set_active_leaf(thread_id, u2["id"])
     assert switched["active_leaf_id"] == old_path[-1]["id"]
     restored = await client.messages(thread_id)
     keys = ("id", "parent_id", "role", "content", "status")
@@ -249,7 +249,7 @@ async def test_regenerating_twice_gives_three_sibling_answers_and_the_first_can_
     assert path[1]["sibling_ids"] == [a["id"] for a in answers]
     assert path[1]["sibling_index"] == 2 and len(path[1]["sibling_ids"]) == 3
 
-    switched = await client.switch_branch(thread_id, answers[0]["id"])
+    switched = await client.set_active_leaf(thread_id, answers[0]["id"])
     assert switched["active_leaf_id"] == answers[0]["id"]
     path = await client.messages(thread_id)
     assert [m["id"] for m in path] == [user_id, answers[0]["id"]]
@@ -264,7 +264,7 @@ async def test_a_correction_sent_while_a_tool_runs_joins_the_history_after_the_t
     run = await client.start_run(thread_id, SLEEP_THEN_ECHO)
     events: list[Envelope] = []
     steered: dict[str, Any] | None = None
-    async with aclosing(client.stream(run["id"])) as stream:
+    async with aclosing(client.follow(run["id"])) as stream:
         async for event in stream:
             events.append(event)
             if event.type == "tool_call" and steered is None:
@@ -294,7 +294,7 @@ async def test_a_correction_sent_during_the_final_answer_causes_one_more_model_c
     run = await client.start_run(thread_id, content)
     events: list[Envelope] = []
     steered: dict[str, Any] | None = None
-    async with aclosing(client.stream(run["id"])) as stream:
+    async with aclosing(client.follow(run["id"])) as stream:
         async for event in stream:
             events.append(event)
             if event.type == "token" and steered is None:
@@ -412,7 +412,10 @@ async def test_the_next_run_builds_on_an_edited_answer_not_the_original(client: 
 
     edited = await client.edit_message(original["id"], "the edited answer")
     assert (edited["role"], edited["content"], edited["edited_by_user"], edited["edited_from_id"]) == (
-        "assistant", "the edited answer", True, original["id"],
+        "assistant",
+        "the edited answer",
+        True,
+        original["id"],
     )
     assert edited["parent_id"] == question["id"] and edited["tool_calls"] is None
     assert edited["sibling_ids"] == [original["id"], edited["id"]] and edited["sibling_index"] == 1
@@ -446,7 +449,7 @@ async def test_a_thread_with_an_active_run_refuses_forks_regenerates_branch_swit
         "fork": lambda: client.fork(thread_id, answer["id"], script({"text": "x"})),
         "new root": lambda: client.fork(thread_id, None, script({"text": "x"})),
         "regenerate": lambda: client.regenerate(thread_id, question["id"]),
-        "switch": lambda: client.switch_branch(thread_id, answer["id"]),
+        "switch": lambda: client.set_active_leaf(thread_id, answer["id"]),
         "edit": lambda: client.edit_message(answer["id"], "edited while busy"),
     }
     for name, attempt in attempts.items():
@@ -490,13 +493,13 @@ async def test_switching_to_an_inner_message_follows_its_newest_children_down_to
 
     expected = {u1["id"]: newest_leaf, a1["id"]: newest_leaf, u2["id"]: a3["id"], a3["id"]: a3["id"], branch[0]["id"]: newest_leaf}
     for target, leaf in expected.items():
-        switched = await client.switch_branch(thread_id, target)
+        switched = await client.set_active_leaf(thread_id, target)
         assert switched["active_leaf_id"] == leaf
         path = await client.messages(thread_id)
         assert path[-1]["id"] == leaf and target in [m["id"] for m in path]
 
     for unknown in ("msg_does_not_exist", (await thread_with_turns(client, "elsewhere"))[1][0]["id"]):
-        error = await api_error(client.switch_branch(thread_id, unknown))
+        error = await api_error(client.set_active_leaf(thread_id, unknown))
         assert (error.status, error.code) == (404, "message_not_found")
     assert (await client.get_thread(thread_id))["active_leaf_id"] == newest_leaf
 
@@ -525,7 +528,7 @@ async def test_a_fork_above_a_tool_turn_leaves_its_calls_and_results_on_the_old_
     assert "tool" not in [t["role"] for t in echoed(path[3])]
 
     # The old branch still holds its calls with their results right after them.
-    await client.switch_branch(thread_id, old_path[2]["id"])
+    await client.set_active_leaf(thread_id, old_path[2]["id"])
     restored = await client.messages(thread_id)
     assert [m["id"] for m in restored] == [m["id"] for m in old_path]
     assert [m["tool_call_id"] for m in restored[4:6]] == calls
@@ -658,7 +661,7 @@ class CorrectionMachine(RuleBasedStateMachine):
         self.stats["regenerates"] += 1
 
     @rule(data=st.data())
-    def switch_branch(self, data: st.DataObject) -> None:
+    def set_active_leaf(self, data: st.DataObject) -> None:
         target = data.draw(st.sampled_from(self.seen), label="target")
         response = self.http.put(f"/v1/threads/{self.thread_id}/active_leaf", json={"message_id": target})
         assert response.status_code == 200, response.text
@@ -681,7 +684,10 @@ class CorrectionMachine(RuleBasedStateMachine):
         assert response.status_code == 200, response.text
         edited = self.tree[response.json()["id"]]
         assert (edited["parent_id"], edited["content"], edited["edited_by_user"], edited["edited_from_id"]) == (
-            target["parent_id"], text, True, target["id"],
+            target["parent_id"],
+            text,
+            True,
+            target["id"],
         )
         assert self._active_leaf() == edited["id"]
         self.stats["edits"] += 1
@@ -746,8 +752,12 @@ def test_random_corrections_keep_the_message_tree_sound(server: LiveServer) -> N
         # No shrinking: every replay goes through the real server, so shrinking a failure took
         # minutes; the failing sequence is printed as found.
         settings=settings(
-            max_examples=25, stateful_step_count=15, deadline=None, database=None,
-            phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow],
+            max_examples=25,
+            stateful_step_count=15,
+            deadline=None,
+            database=None,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=[HealthCheck.too_slow],
         ),
     )
     # The property was exercised, not vacuously true.

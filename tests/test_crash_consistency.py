@@ -89,8 +89,7 @@ async def reviewer(server: Server, runs: dict[str, dict[str, Any]], stop: asynci
             if run["status"] != "waiting_human" or not pending:
                 continue
             decisions = [
-                {"decision": "reject", "reason": "outcome unknown"} if r.get("outcome_unknown") else {"decision": "approve"}
-                for r in pending["action_requests"]
+                {"decision": "reject", "reason": "outcome unknown"} if r.get("outcome_unknown") else {"decision": "approve"} for r in pending["action_requests"]
             ]
             await server.request("POST", f"/v1/threads/{info['thread_id']}/resume", json={"interrupt_id": pending["id"], "decisions": decisions})
         await asyncio.sleep(0.05)

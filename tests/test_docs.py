@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any
 
 import anyio
 import httpx
@@ -52,7 +53,7 @@ def section(text: str, heading: str) -> str:
     for line in lines[start:]:
         if line.startswith("```"):
             fenced = not fenced
-        elif not fenced and re.match(r"#{1,%d} " % level, line):
+        elif not fenced and re.match(rf"#{{1,{level}}} ", line):
             break
         body.append(line)
     return "".join(body)
@@ -190,7 +191,7 @@ async def test_the_example_agent_looks_up_an_order_and_refunds_after_approval(db
                 )
                 assert response.status_code == 200, response.text
 
-                events = [e async for e in client.stream(run["id"])]
+                events = [e async for e in client.follow(run["id"])]
                 results = {e.data["name"]: e.data for e in events if e.type == "tool_result"}
                 assert results["lookup_order"]["status"] == "ok"
                 assert results["lookup_order"]["result"] == {"order_id": "A100", "status": "delivered", "total": 42.0}
@@ -200,3 +201,13 @@ async def test_the_example_agent_looks_up_an_order_and_refunds_after_approval(db
                 assert (await client.get_run(run["id"]))["status"] == "completed"
     finally:
         server.stop()
+
+
+def test_every_module_of_the_package_is_in_the_architecture_module_map() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("| module | owns |") :]
+    table = table[: table.index("\n\n")]
+    mapped = set(re.findall(r"^\| `(tether/[^`]+)`", table, flags=re.M))
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "tether").rglob("*.py") if "migrations" not in p.parts}
+    assert modules - mapped == set(), "modules missing from docs/architecture.md's module map"
+    assert {m for m in mapped if m.endswith(".py")} - modules == set(), "the module map names modules that do not exist"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,7 +29,7 @@ def test_an_envelope_encodes_as_one_sse_event_whose_id_is_its_seq(text: str) -> 
     lines = frame.split("\n")
     assert lines[:2] == ["id: 7", "event: token"]
     assert lines[2] == "data: " + envelope and lines[3:] == ["", ""]
-    assert json.loads(lines[2][len("data: "):])["data"]["text"] == text
+    assert json.loads(lines[2][len("data: ") :])["data"]["text"] == text
 
 
 def test_the_stream_preamble_and_keepalive_are_sse_fields_and_comments() -> None:
@@ -37,11 +38,11 @@ def test_the_stream_preamble_and_keepalive_are_sse_fields_and_comments() -> None
 
 
 def test_now_ts_has_the_wire_format_of_format_ts() -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    before = format_ts(datetime.now(timezone.utc))
+    before = format_ts(datetime.now(UTC))
     value = now_ts()
-    after = format_ts(datetime.now(timezone.utc))
+    after = format_ts(datetime.now(UTC))
     assert len(value) == len(before) == 27 and value.endswith("Z")
     assert before <= value <= after
 
@@ -49,6 +50,16 @@ def test_now_ts_has_the_wire_format_of_format_ts() -> None:
 def test_exactly_done_error_and_cancelled_are_terminal() -> None:
     assert TERMINAL_TYPES == {"done", "error", "cancelled"}
     assert set(EVENT_TYPES) == {
-        "run_started", "token", "thinking", "tool_call", "tool_result", "interrupt", "resumed",
-        "user_message", "status", "done", "error", "cancelled",
+        "run_started",
+        "token",
+        "thinking",
+        "tool_call",
+        "tool_result",
+        "interrupt",
+        "resumed",
+        "user_message",
+        "status",
+        "done",
+        "error",
+        "cancelled",
     }

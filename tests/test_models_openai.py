@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
-from typing import AsyncIterator, Iterator
 
 import anyio
 import pytest
@@ -148,9 +148,7 @@ async def test_history_and_tools_are_sent_in_openai_format(provider: FakeProvide
         {"role": "tool", "tool_call_id": "call_2", "content": "ok"},
         {"role": "assistant", "content": "It has shipped."},
     ]
-    assert body["tools"] == [
-        {"type": "function", "function": {"name": "get_order", "description": "Look up an order.", "parameters": parameters}}
-    ]
+    assert body["tools"] == [{"type": "function", "function": {"name": "get_order", "description": "Look up an order.", "parameters": parameters}}]
 
 
 async def test_no_tools_means_no_tools_field_and_temperature_is_only_sent_when_set(provider: FakeProvider) -> None:

@@ -10,8 +10,9 @@ lapses. Live events cross processes through LISTEN/NOTIFY.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -27,10 +28,7 @@ LEASE_S = 1.5
 
 @pytest.fixture
 async def trio_of_servers(pg_db_url: str, tmp_path: Path) -> AsyncIterator[list[ServerProcess]]:
-    servers = [
-        ServerProcess(pg_db_url, tmp_path / f"server-{name}.log", extra_args=("--lease-seconds", str(LEASE_S)))
-        for name in "abc"
-    ]
+    servers = [ServerProcess(pg_db_url, tmp_path / f"server-{name}.log", extra_args=("--lease-seconds", str(LEASE_S))) for name in "abc"]
     try:
         # Started together, as a deployment would: they race to migrate the fresh database.
         await asyncio.gather(*(asyncio.to_thread(proc.start) for proc in servers))
@@ -46,7 +44,7 @@ async def _log(client: AsyncClient, run_id: str) -> list[dict[str, Any]]:
 
 async def _stream_all(url: str, run_id: str) -> list[dict[str, Any]]:
     async with AsyncClient(url) as client:
-        return [e.model_dump() async for e in client.stream(run_id)]
+        return [e.model_dump() async for e in client.follow(run_id)]
 
 
 def _assert_gapless_with_one_terminal(log: list[dict[str, Any]]) -> None:
@@ -65,7 +63,7 @@ async def test_a_run_created_on_one_process_streams_from_another_and_is_cancelle
         received: list[dict[str, Any]] = []
 
         async def follow_on_b() -> None:
-            async for event in on_b.stream(run["id"]):
+            async for event in on_b.follow(run["id"]):
                 received.append(event.model_dump())
 
         follower = asyncio.create_task(follow_on_b())
@@ -123,9 +121,7 @@ async def test_a_hundred_resumes_racing_over_three_processes_have_one_winner(tri
     body = {"interrupt_id": interrupt["id"], "decisions": [{"decision": "approve"}]}
     clients = [httpx.AsyncClient(base_url=s.url, timeout=30) for s in servers]
     try:
-        responses = await asyncio.gather(
-            *(clients[i % 3].post(f"/v1/threads/{thread['id']}/resume", json=body) for i in range(100))
-        )
+        responses = await asyncio.gather(*(clients[i % 3].post(f"/v1/threads/{thread['id']}/resume", json=body) for i in range(100)))
     finally:
         for http in clients:
             await http.aclose()
@@ -164,6 +160,6 @@ async def test_a_run_whose_process_is_killed_is_taken_over_after_its_lease_lapse
     assert events == log
     _assert_gapless_with_one_terminal(log)
     [recovering] = [e for e in log if e["type"] == "status" and e["data"]["stage"] == "recovering"]
-    answer = [e["data"]["text"] for e in log[log.index(recovering):] if e["type"] == "token"]
+    answer = [e["data"]["text"] for e in log[log.index(recovering) :] if e["type"] == "token"]
     assert "".join(answer) == "".join(f"t{n} " for n in range(1, 301))
     assert path[-1]["content"] == "".join(answer) and recovering["data"]["discard_message_id"] not in {m["id"] for m in path}

@@ -1,4 +1,4 @@
-"""Cancelling a run closes the upstream request, so the provider stops generating (DESIGN §6).
+"""Cancelling a run closes the upstream request, so the provider stops generating.
 
 A Tether server whose agent uses :class:`~tether.models.openai.OpenAIModel` against
 :class:`~tests.openai_provider.FakeProvider`, a real HTTP server that records when a client
@@ -9,9 +9,10 @@ leave the provider streaming (and billing) to the end; these tests see the socke
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import anyio
 import httpx
@@ -59,7 +60,7 @@ async def cancel_mid_stream(server: LiveServer, provider: FakeProvider, mode: st
         thread = await client.create_thread()
         run = await client.start_run(thread["id"], "tell me a very long story")
         seen: list[Envelope] = []
-        async with aclosing(client.stream(run["id"])) as stream:
+        async with aclosing(client.follow(run["id"])) as stream:
             async for event in stream:
                 seen.append(event)
                 if sum(e.type == "token" for e in seen) >= 20:
@@ -76,9 +77,7 @@ async def cancel_mid_stream(server: LiveServer, provider: FakeProvider, mode: st
 
 
 @pytest.mark.parametrize("mode", ["hard", "soft"])
-async def test_cancelling_a_run_closes_the_provider_stream_promptly(
-    openai_server: LiveServer, provider: FakeProvider, mode: str
-) -> None:
+async def test_cancelling_a_run_closes_the_provider_stream_promptly(openai_server: LiveServer, provider: FakeProvider, mode: str) -> None:
     outcome = await cancel_mid_stream(openai_server, provider, mode)
 
     disconnect = outcome["disconnect"]

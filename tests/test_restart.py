@@ -1,17 +1,20 @@
-"""A server killed mid-run and started again on the same database (DESIGN §2, §3, §9).
+"""A server killed mid-run and started again on the same database.
 
 The server runs as a child process (``tether demo``) that the test SIGKILLs: no shutdown code
 runs, exactly as in a crash. What was committed must come back byte for byte; the run that was
-executing must end ``failed`` with ``server_restarted`` and exactly one terminal event; the text
-it had streamed stays, flagged ``failed``; and the thread is usable again.
+executing is taken over from its last checkpoint: a ``status: recovering`` event names the
+half-finished answer (kept off the active path, flagged ``failed``, with the text it had
+streamed), the step is done again, and the run ends with exactly one terminal event; the thread
+is usable again.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -50,9 +53,7 @@ async def stream_events(http: httpx.AsyncClient, run_id: str) -> AsyncIterator[E
                 yield Envelope.from_json(line[len("data: ") :])
 
 
-async def test_a_killed_server_restarts_with_every_run_intact_and_continues_the_interrupted_one(
-    processes: list[ServerProcess], tmp_path: Path
-) -> None:
+async def test_a_killed_server_restarts_with_every_run_intact_and_continues_the_interrupted_one(processes: list[ServerProcess], tmp_path: Path) -> None:
     first = start_server(processes, tmp_path)
     async with httpx.AsyncClient(base_url=first.url, timeout=30) as http:
         thread_id = (await http.post("/v1/threads", json={"metadata": {"case": "restart"}})).json()["id"]
@@ -153,9 +154,7 @@ async def test_a_killed_server_restarts_with_every_run_intact_and_continues_the_
         assert (await http.get(f"/v1/runs/{after_restart['id']}")).json()["status"] == "completed"
 
 
-async def test_a_read_only_tool_cut_off_by_a_kill_is_run_again_after_the_restart(
-    processes: list[ServerProcess], tmp_path: Path
-) -> None:
+async def test_a_read_only_tool_cut_off_by_a_kill_is_run_again_after_the_restart(processes: list[ServerProcess], tmp_path: Path) -> None:
     first = start_server(processes, tmp_path)
     async with httpx.AsyncClient(base_url=first.url, timeout=30) as http:
         thread_id = (await http.post("/v1/threads", json={})).json()["id"]
@@ -186,9 +185,7 @@ async def test_a_read_only_tool_cut_off_by_a_kill_is_run_again_after_the_restart
         assert path[-1]["content"] == "slept well"
 
 
-async def test_a_destructive_tool_cut_off_by_a_kill_is_never_rerun_without_a_human(
-    processes: list[ServerProcess], tmp_path: Path
-) -> None:
+async def test_a_destructive_tool_cut_off_by_a_kill_is_never_rerun_without_a_human(processes: list[ServerProcess], tmp_path: Path) -> None:
     first = start_server(processes, tmp_path)
     async with httpx.AsyncClient(base_url=first.url, timeout=30) as http:
         thread_id = (await http.post("/v1/threads", json={})).json()["id"]

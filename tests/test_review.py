@@ -1,4 +1,4 @@
-"""Human review through the real server (DESIGN §2, §3, §5, §8).
+"""Human review through the real server.
 
 What the review gate promises, checked from the outside: a gated tool is never executed before
 its interrupt is resolved (``tool_call`` → ``interrupt`` → decision → execution →
@@ -17,9 +17,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -86,8 +87,12 @@ class RecordingShop:
 
         tools = [t for t in demo.tools.values() if t.name != "ask_user"] + [ask_user, close_account]
         self.agent = Agent(
-            self.model, tools, system_prompt=demo.system_prompt, name="recording-demo",
-            on_startup=demo.on_startup, routes=demo.routes,
+            self.model,
+            tools,
+            system_prompt=demo.system_prompt,
+            name="recording-demo",
+            on_startup=demo.on_startup,
+            routes=demo.routes,
         )
 
 
@@ -217,7 +222,7 @@ async def test_a_refund_waits_for_approval_and_executes_once_after_it(client: As
     resumed = await client.approve(interrupt)
     assert resumed["id"] == run["id"] and resumed["pending_interrupt"] is None
     log = await finished_log(client, http, run["id"])
-    after = log[len(before):]
+    after = log[len(before) :]
     assert [e["type"] for e in after if e["type"] != "status" and e["type"] != "token"] == ["resumed", "tool_result", "done"]
     assert after[0]["data"] == {"interrupt_id": interrupt["id"], "resolution": "decided", "decisions": [{"call_id": call["call_id"], "decision": "approve"}]}
     result = of_type(log, "tool_result")[0]["data"]
@@ -235,9 +240,7 @@ async def test_a_refund_waits_for_approval_and_executes_once_after_it(client: As
     assert audit[1]["args_digest"].startswith("sha256:")
 
 
-async def test_a_hundred_concurrent_approvals_of_one_interrupt_execute_the_tool_once(
-    client: AsyncClient, http: httpx.AsyncClient
-) -> None:
+async def test_a_hundred_concurrent_approvals_of_one_interrupt_execute_the_tool_once(client: AsyncClient, http: httpx.AsyncClient) -> None:
     run = await start(client, *REFUND_THEN_WRAP_UP)
     interrupt = await interrupt_of(client, run["id"])
     body = {"interrupt_id": interrupt["id"], "decisions": [{"decision": "approve"}]}
@@ -271,7 +274,9 @@ async def test_read_only_results_arrive_before_the_interrupt_and_each_decision_a
         interrupt = await interrupt_of(client, run["id"])
         before = await read_log(http, run["id"])
         assert [(e["data"]["call_id"], e["data"]["gated"]) for e in of_type(before, "tool_call")] == [
-            ("call_refund", True), ("call_lookup", False), ("call_email", True),
+            ("call_refund", True),
+            ("call_lookup", False),
+            ("call_email", True),
         ]
         # The read-only call ran at once; its result is in before the interrupt.
         assert [(e["data"]["call_id"], e["data"]["status"]) for e in of_type(before, "tool_result")] == [("call_lookup", "ok")]
@@ -280,12 +285,12 @@ async def test_read_only_results_arrive_before_the_interrupt_and_each_decision_a
         assert [a["call_id"] for a in interrupt["action_requests"]] == ["call_refund", "call_email"]
         assert len(interrupt["review_configs"]) == 2
         with pytest.raises(APIError) as too_few:  # one decision per action, no fewer
-            await client.decide(run["thread_id"], interrupt["id"], [{"decision": "approve"}])
+            await client.resume(run["thread_id"], interrupt["id"], [{"decision": "approve"}])
         assert too_few.value.status == 422 and too_few.value.code == "decision_count_mismatch"
         assert too_few.value.details == [{"loc": ["body", "decisions"], "msg": "expected 2 items", "type": "length"}]
         await assert_still_pending(client, interrupt)
 
-        await client.decide(run["thread_id"], interrupt["id"], [{"decision": "approve"}, {"decision": "reject", "reason": "too much"}])
+        await client.resume(run["thread_id"], interrupt["id"], [{"decision": "approve"}, {"decision": "reject", "reason": "too much"}])
         log = await finished_log(client, http, run["id"])
         results = {e["data"]["call_id"]: e["data"] for e in of_type(log, "tool_result")}
         assert results["call_refund"]["status"] == "ok"
@@ -305,14 +310,13 @@ async def test_read_only_results_arrive_before_the_interrupt_and_each_decision_a
         assert json.loads(seen[0].content)["status"] == "issued"
         audit = await client.audit(run_id=run["id"])
         assert [(a["action"], a["call_id"], a["decision"], a["reason"]) for a in audit if a["action"] == "decision"] == [
-            ("decision", "call_refund", "approve", None), ("decision", "call_email", "reject", "too much"),
+            ("decision", "call_refund", "approve", None),
+            ("decision", "call_email", "reject", "too much"),
         ]
         assert [(a["call_id"], a["outcome"]) for a in audit if a["action"] == "tool_executed"] == [("call_refund", "ok")]
 
 
-async def test_an_invalid_edit_is_422_naming_the_field_and_a_valid_edit_runs_with_the_new_args(
-    client: AsyncClient, http: httpx.AsyncClient
-) -> None:
+async def test_an_invalid_edit_is_422_naming_the_field_and_a_valid_edit_runs_with_the_new_args(client: AsyncClient, http: httpx.AsyncClient) -> None:
     run = await start(client, *REFUND_THEN_WRAP_UP)
     interrupt = await interrupt_of(client, run["id"])
 
@@ -352,7 +356,7 @@ async def test_a_response_to_ask_user_becomes_its_result_and_the_tool_never_runs
         # Only `respond` is allowed: approving would run the tool, so it is refused.
         for decision in ({"decision": "approve"}, {"decision": "edit", "args": {"question": "Which size?"}}, {"decision": "reject"}):
             with pytest.raises(APIError) as refused:
-                await client.decide(run["thread_id"], interrupt["id"], [decision])
+                await client.resume(run["thread_id"], interrupt["id"], [decision])
             assert refused.value.status == 403 and refused.value.code == "decision_not_allowed"
             await assert_still_pending(client, interrupt)
 
@@ -367,9 +371,7 @@ async def test_a_response_to_ask_user_becomes_its_result_and_the_tool_never_runs
         assert not [a for a in await client.audit(run_id=run["id"]) if a["action"] == "tool_executed"]
 
 
-async def test_approve_on_a_tool_that_only_allows_respond_is_403_and_respond_on_a_refund_too(
-    client: AsyncClient, http: httpx.AsyncClient
-) -> None:
+async def test_approve_on_a_tool_that_only_allows_respond_is_403_and_respond_on_a_refund_too(client: AsyncClient, http: httpx.AsyncClient) -> None:
     run = await start(client, *REFUND_THEN_WRAP_UP)
     interrupt = await interrupt_of(client, run["id"])
     with pytest.raises(APIError) as refused:
@@ -382,9 +384,7 @@ async def test_approve_on_a_tool_that_only_allows_respond_is_403_and_respond_on_
     assert len(await effects(http, tool="refund")) == 1
 
 
-async def test_wrong_counts_and_malformed_decisions_are_refused_and_leave_the_interrupt_pending(
-    client: AsyncClient, http: httpx.AsyncClient
-) -> None:
+async def test_wrong_counts_and_malformed_decisions_are_refused_and_leave_the_interrupt_pending(client: AsyncClient, http: httpx.AsyncClient) -> None:
     run = await start(client, *REFUND_THEN_WRAP_UP)
     interrupt = await interrupt_of(client, run["id"])
     url = f"/v1/threads/{run['thread_id']}/resume"
@@ -431,7 +431,10 @@ async def test_several_interrupts_in_one_run_are_each_handled_on_their_own(clien
     run = await start(
         client,
         {"text": "First the refund.", "tool_calls": [{"id": "call_1", "name": "refund", "args": {"order_id": "A1", "amount": 5}}]},
-        {"text": "Now the email.", "tool_calls": [{"id": "call_2", "name": "send_email", "args": {"to": "bob@example.com", "subject": "Hi", "body": "Refunded."}}]},
+        {
+            "text": "Now the email.",
+            "tool_calls": [{"id": "call_2", "name": "send_email", "args": {"to": "bob@example.com", "subject": "Hi", "body": "Refunded."}}],
+        },
         {"text": "Done with both."},
     )
     first = await interrupt_of(client, run["id"])
@@ -454,7 +457,8 @@ async def test_several_interrupts_in_one_run_are_each_handled_on_their_own(clien
     log = await finished_log(client, http, run["id"])
     assert [e["data"]["interrupt_id"] for e in of_type(log, "interrupt")] == [first["id"], second["id"]]
     assert [(e["data"]["interrupt_id"], e["data"]["resolution"]) for e in of_type(log, "resumed")] == [
-        (first["id"], "decided"), (second["id"], "decided"),
+        (first["id"], "decided"),
+        (second["id"], "decided"),
     ]
     assert [(e["data"]["call_id"], e["data"]["status"]) for e in of_type(log, "tool_result")] == [("call_1", "ok"), ("call_2", "rejected")]
     assert log[-1]["type"] == "done"
@@ -478,10 +482,13 @@ async def test_invalid_args_from_the_model_become_an_error_result_and_no_interru
     # Next to a valid gated call, only the valid one is put up for review.
     run = await start(
         client,
-        {"text": "Two refunds.", "tool_calls": [
-            {"id": "call_bad", "name": "refund", "args": {"order_id": "A1", "amount": "abc"}},
-            {"id": "call_good", "name": "refund", "args": {"order_id": "A2", "amount": 7}},
-        ]},
+        {
+            "text": "Two refunds.",
+            "tool_calls": [
+                {"id": "call_bad", "name": "refund", "args": {"order_id": "A1", "amount": "abc"}},
+                {"id": "call_good", "name": "refund", "args": {"order_id": "A2", "amount": 7}},
+            ],
+        },
         {"text": "One of them went through."},
     )
     interrupt = await interrupt_of(client, run["id"])
@@ -495,9 +502,7 @@ async def test_invalid_args_from_the_model_become_an_error_result_and_no_interru
 # -- expiry and cancel -----------------------------------------------------------------------
 
 
-async def test_an_unanswered_interrupt_expires_with_no_client_and_a_late_approval_gets_410(
-    client: AsyncClient, http: httpx.AsyncClient
-) -> None:
+async def test_an_unanswered_interrupt_expires_with_no_client_and_a_late_approval_gets_410(client: AsyncClient, http: httpx.AsyncClient) -> None:
     run = await start(client, *REFUND_THEN_WRAP_UP, config={"approval_ttl_s": 1})
     # No stream is open: the server alone has to notice the deadline.
     deadline = time.monotonic() + 5
@@ -611,9 +616,7 @@ async def test_a_tools_own_approval_ttl_sets_the_deadline_unless_the_run_config_
 # -- the threshold ---------------------------------------------------------------------------
 
 
-async def test_approval_threshold_reversible_gates_write_note_and_the_default_does_not(
-    client: AsyncClient, http: httpx.AsyncClient
-) -> None:
+async def test_approval_threshold_reversible_gates_write_note_and_the_default_does_not(client: AsyncClient, http: httpx.AsyncClient) -> None:
     note = ({"text": "Noting.", "tool_calls": [{"id": "call_note", "name": "write_note", "args": {"text": "remember the milk"}}]}, {"text": "Noted."})
     run = await start(client, *note)
     log = await finished_log(client, http, run["id"])
@@ -660,7 +663,9 @@ class VerboseServerProcess(ServerProcess):
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tether.cli", "demo", "--port", str(self.port), "--db", self.db_url, "--log-level", "info"],
-                stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                stdout=log,
+                stderr=log,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -771,10 +776,17 @@ async def test_sensitive_args_the_model_sent_as_json_text_are_masked_too(client:
     # them, so it must mask them as well, and text it cannot parse is shown to no one.
     as_text = json.dumps({"card_number": CARD, "amount": 10})
     unparsable = f'{{"card_number": "{CARD}", "amount": 1'
-    run = await start_escaped(client, {"text": "Charging.", "tool_calls": [
-        {"id": "call_text", "name": "charge_card", "args": as_text},
-        {"id": "call_broken", "name": "charge_card", "args": unparsable},
-    ]}, {"text": "Charged."})
+    run = await start_escaped(
+        client,
+        {
+            "text": "Charging.",
+            "tool_calls": [
+                {"id": "call_text", "name": "charge_card", "args": as_text},
+                {"id": "call_broken", "name": "charge_card", "args": unparsable},
+            ],
+        },
+        {"text": "Charged."},
+    )
     interrupt = await interrupt_of(client, run["id"])
     assert [a["call_id"] for a in interrupt["action_requests"]] == ["call_text"]
     assert interrupt["action_requests"][0]["args"] == {"card_number": "****1234", "amount": 10}
@@ -786,10 +798,12 @@ async def test_sensitive_args_the_model_sent_as_json_text_are_masked_too(client:
     assert results["call_text"]["result"] == {"charged": 10, "card": "****1234"}
     assert results["call_broken"]["status"] == "error"
     assert [r["args"] for r in await effects(http, tool="charge_card")] == [{"card_number": "****1234", "amount": 10}]
-    everything = b"".join([
-        (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": "1000"})).content,
-        (await http.get(f"/v1/runs/{run['id']}/events", headers=SSE)).content,
-        (await http.get(f"/v1/threads/{run['thread_id']}/messages", params={"view": "tree"})).content,
-        (await http.get("/v1/audit", params={"run_id": run["id"]})).content,
-    ])
+    everything = b"".join(
+        [
+            (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": "1000"})).content,
+            (await http.get(f"/v1/runs/{run['id']}/events", headers=SSE)).content,
+            (await http.get(f"/v1/threads/{run['thread_id']}/messages", params={"view": "tree"})).content,
+            (await http.get("/v1/audit", params={"run_id": run["id"]})).content,
+        ]
+    )
     assert CARD[:12].encode() not in everything

@@ -1,4 +1,4 @@
-"""Pending reviews across a crash (DESIGN §2, §5): a run waiting for a human lives in the store.
+"""Pending reviews across a crash: a run waiting for a human lives in the store.
 
 The server runs as a child process (``tether demo``) that the test SIGKILLs while a run waits
 for review, so no shutdown code runs. The started server must show the same pending interrupt
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,13 @@ from .conftest import ServerProcess, script, start_server
 pytestmark = pytest.mark.anyio
 
 LOOKUP_AND_REFUND = script(
-    {"text": "Checking, then refunding.", "tool_calls": [
-        {"id": "call_lookup", "name": "get_order", "args": {"order_id": "A1"}},
-        {"id": "call_refund", "name": "refund", "args": {"order_id": "A1", "amount": 5}},
-    ]},
+    {
+        "text": "Checking, then refunding.",
+        "tool_calls": [
+            {"id": "call_lookup", "name": "get_order", "args": {"order_id": "A1"}},
+            {"id": "call_refund", "name": "refund", "args": {"order_id": "A1", "amount": 5}},
+        ],
+    },
     {"text": "All settled."},
 )
 
@@ -57,9 +60,7 @@ def parse_ts(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-async def test_a_pending_interrupt_survives_a_kill_and_is_approved_exactly_once_after_restart(
-    processes: list[ServerProcess], tmp_path: Path
-) -> None:
+async def test_a_pending_interrupt_survives_a_kill_and_is_approved_exactly_once_after_restart(processes: list[ServerProcess], tmp_path: Path) -> None:
     first = start_server(processes, tmp_path)
     async with AsyncClient(first.url) as client:
         thread = await client.create_thread()
@@ -100,7 +101,8 @@ async def test_a_pending_interrupt_survives_a_kill_and_is_approved_exactly_once_
         log = await read_log(http, run["id"])
         assert_ends_once(log)
         assert [(e["data"]["call_id"], e["data"]["status"]) for e in log if e["type"] == "tool_result"] == [
-            ("call_lookup", "ok"), ("call_refund", "ok"),
+            ("call_lookup", "ok"),
+            ("call_refund", "ok"),
         ]
         assert [e["data"]["resolution"] for e in log if e["type"] == "resumed"] == ["decided"]
         assert [(e["tool"], e["call_id"]) for e in await effects(http, run["id"])] == [("refund", "call_refund")]
@@ -110,9 +112,7 @@ async def test_a_pending_interrupt_survives_a_kill_and_is_approved_exactly_once_
         assert [a["action"] for a in await client.audit(run_id=run["id"])] == ["decision", "tool_executed"]
 
 
-async def test_an_interrupt_that_fell_due_while_the_server_was_down_expires_on_start(
-    processes: list[ServerProcess], tmp_path: Path
-) -> None:
+async def test_an_interrupt_that_fell_due_while_the_server_was_down_expires_on_start(processes: list[ServerProcess], tmp_path: Path) -> None:
     first = start_server(processes, tmp_path)
     async with AsyncClient(first.url) as client:
         thread = await client.create_thread()
@@ -120,7 +120,7 @@ async def test_an_interrupt_that_fell_due_while_the_server_was_down_expires_on_s
         interrupt = await client.wait_for_interrupt(run["id"])
         assert interrupt is not None
     first.kill()
-    killed_at = datetime.now(timezone.utc)
+    killed_at = datetime.now(UTC)
     expires_at = parse_ts(interrupt["expires_at"])
     assert killed_at < expires_at, "the server was killed too late for this test to mean anything"
     await asyncio.sleep((expires_at - killed_at).total_seconds() + 0.2)
@@ -140,7 +140,8 @@ async def test_an_interrupt_that_fell_due_while_the_server_was_down_expires_on_s
         assert len(resumed) == 1 and resumed[0]["data"]["resolution"] == "expired"
         assert parse_ts(resumed[0]["ts"]) > killed_at  # expired by the new server, not the old one
         assert [(e["data"]["call_id"], e["data"]["status"]) for e in log if e["type"] == "tool_result"] == [
-            ("call_lookup", "ok"), ("call_refund", "expired"),
+            ("call_lookup", "ok"),
+            ("call_refund", "expired"),
         ]
         assert log[-1]["type"] == "done"
 

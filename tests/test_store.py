@@ -14,9 +14,10 @@ import asyncio
 import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -27,7 +28,8 @@ from alembic.script import ScriptDirectory
 from tether._ids import new_id, utcnow
 from tether.errors import InterruptExpired, InterruptResolved, InvalidRequest, NotFound, RunNotActive, ThreadBusy
 from tether.events import Cancelled, Done, Envelope, Event, Interrupt, Resumed, RunError, Status, Token, format_ts, now_ts
-from tether.store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord, tables
+from tether.store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord
+from tether.store import _tables as tables
 
 from .conftest import postgres_url_for_test, sqlite_url
 
@@ -91,11 +93,10 @@ async def finish(store: Store, run_id: str, *, status: str = "completed", from_s
 
 async def open_interrupt(store: Store, run: RunRecord, *, created_at: datetime | None = None, expires_in: timedelta = HOUR) -> InterruptRecord:
     created = created_at or utcnow()
-    record = InterruptRecord(
-        new_id("int"), run.id, run.thread_id, "pending", ACTIONS, REVIEW, TURN, None, None, created, created + expires_in, None
-    )
+    record = InterruptRecord(new_id("int"), run.id, run.thread_id, "pending", ACTIONS, REVIEW, TURN, None, None, created, created + expires_in, None)
     event = stored(
-        run.id, await store.last_seq(run.id) + 1,
+        run.id,
+        await store.last_seq(run.id) + 1,
         Interrupt(interrupt_id=record.id, action_requests=ACTIONS, review_configs=REVIEW, expires_at=format_ts(record.expires_at)),
     )
     assert await store.open_interrupt(record, event)
@@ -110,13 +111,19 @@ async def parked_run(store: Store, thread: ThreadRecord | None = None, **interru
     return run, await open_interrupt(store, run, **interrupt_options)
 
 
-async def leave(store: Store, interrupt: InterruptRecord, *, to_status: str = "resolved", now: datetime | None = None, actor: str = "bob") -> tuple[InterruptRecord, StoredEvent, Any]:
+async def leave(
+    store: Store, interrupt: InterruptRecord, *, to_status: str = "resolved", now: datetime | None = None, actor: str = "bob"
+) -> tuple[InterruptRecord, StoredEvent, Any]:
     """``leave_pending`` as the runtime calls it: decisions, a ``resumed`` event, audit entries."""
     verdict = "approve" if to_status == "resolved" else "expired"
     decisions = [{"call_id": "call_1", "decision": verdict}]
     return await store.leave_pending(
-        interrupt.id, to_status=to_status, now=now or utcnow(), decisions=decisions,
-        turn={**interrupt.turn, "decided_by": actor}, actor=actor,
+        interrupt.id,
+        to_status=to_status,
+        now=now or utcnow(),
+        decisions=decisions,
+        turn={**interrupt.turn, "decided_by": actor},
+        actor=actor,
         make_event=lambda run_id, seq: stored(
             run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="decided" if to_status == "resolved" else "expired", decisions=decisions)
         ),
@@ -199,9 +206,7 @@ asyncio.run(main())
 async def test_server_processes_starting_on_one_empty_database_all_migrate_it(database_url: str) -> None:
     """Several server processes started together: one migrates, the others wait and find it done."""
     with anyio.fail_after(RACE_TIMEOUT_S):
-        results = await asyncio.gather(
-            *(anyio.run_process([sys.executable, "-c", _OPEN_AND_CLOSE, database_url], check=False) for _ in range(3))
-        )
+        results = await asyncio.gather(*(anyio.run_process([sys.executable, "-c", _OPEN_AND_CLOSE, database_url], check=False) for _ in range(3)))
     assert [r.returncode for r in results] == [0, 0, 0], [r.stderr.decode()[-2000:] for r in results]
     async with another_store(database_url) as opened, opened.connection() as conn:
         assert (await conn.run_sync(_schema))["version"] == [_head()]
@@ -299,9 +304,7 @@ async def test_of_twenty_concurrent_runs_on_one_thread_exactly_one_is_created(st
     thread = await store.create_thread(owner="alice")
     async with another_store(database_url) as other:
         with anyio.fail_after(RACE_TIMEOUT_S):
-            outcomes = await asyncio.gather(
-                *(start_run(store if i % 2 else other, thread, f"attempt {i}") for i in range(20)), return_exceptions=True
-            )
+            outcomes = await asyncio.gather(*(start_run(store if i % 2 else other, thread, f"attempt {i}") for i in range(20)), return_exceptions=True)
     winners = [o for o in outcomes if not isinstance(o, BaseException)]
     losers = [o for o in outcomes if isinstance(o, BaseException)]
     assert len(winners) == 1 and all(isinstance(o, ThreadBusy) for o in losers), losers
@@ -510,8 +513,10 @@ async def test_a_duplicate_seq_is_refused_by_the_database_and_its_batch_written_
     thread = await store.create_thread(owner="alice")
     run, _, started = await start_run(store, thread)
     await store.append_events(run.id, [stored(run.id, 2, Token(message_id="m", text="a"))])
-    for batch in ([stored(run.id, 3, Token(message_id="m", text="b")), stored(run.id, 2, Token(message_id="m", text="dup"))],
-                  [stored(run.id, 1, Token(message_id="m", text="dup"))]):
+    for batch in (
+        [stored(run.id, 3, Token(message_id="m", text="b")), stored(run.id, 2, Token(message_id="m", text="dup"))],
+        [stored(run.id, 1, Token(message_id="m", text="dup"))],
+    ):
         with pytest.raises(sa.exc.IntegrityError):
             await store.append_events(run.id, batch)
     async with another_store(database_url) as other:
@@ -602,9 +607,7 @@ async def test_of_fifty_concurrent_resolutions_of_one_interrupt_exactly_one_wins
     run, interrupt = await parked_run(store)
     async with another_store(database_url) as other:
         with anyio.fail_after(RACE_TIMEOUT_S):
-            outcomes = await asyncio.gather(
-                *(leave(store if i % 2 else other, interrupt, actor=f"approver{i}") for i in range(50)), return_exceptions=True
-            )
+            outcomes = await asyncio.gather(*(leave(store if i % 2 else other, interrupt, actor=f"approver{i}") for i in range(50)), return_exceptions=True)
     winners = [o for o in outcomes if not isinstance(o, BaseException)]
     losers = [o for o in outcomes if isinstance(o, BaseException)]
     assert len(winners) == 1 and len(losers) == 49 and all(isinstance(o, InterruptResolved) for o in losers), losers
@@ -699,17 +702,31 @@ async def test_latest_interrupt_is_the_most_recent_of_its_run(store: Store) -> N
 async def test_audit_entries_list_oldest_first_filtered_by_thread_and_run(store: Store) -> None:
     await store.add_audit([])
     await store.add_audit([AuditEntry("cancel", "alice", "thr_a", "run_1", reason="stop", outcome="cancelling", details={"mode": "soft"})])
-    await store.add_audit([
-        AuditEntry("decision", "bob", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", "approve", None, "accepted"),
-        AuditEntry("tool_executed", "system", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", outcome="ok"),
-    ])
+    await store.add_audit(
+        [
+            AuditEntry("decision", "bob", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", "approve", None, "accepted"),
+            AuditEntry("tool_executed", "system", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", outcome="ok"),
+        ]
+    )
     await store.add_audit([AuditEntry("expired", "system", "thr_b", "run_3", "int_2", "call_9", "delete", decision="expired")])
 
     entries = await store.list_audit()
     assert [e.action for e in entries] == ["cancel", "decision", "tool_executed", "expired"]
     assert entries[1] == AuditEntry(
-        "decision", "bob", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", "approve", None, "accepted", None,
-        id=entries[1].id, ts=entries[1].ts,
+        "decision",
+        "bob",
+        "thr_a",
+        "run_2",
+        "int_1",
+        "call_1",
+        "refund",
+        "sha256:ab",
+        "approve",
+        None,
+        "accepted",
+        None,
+        id=entries[1].id,
+        ts=entries[1].ts,
     )
     assert entries[1].id is not None and entries[1].id.startswith("aud_")
     assert entries[0].details == {"mode": "soft"}
@@ -810,7 +827,7 @@ NESTED = {
     "floats": [0.1, 1.0, -2.5e-08, 0.30000000000000004, 1e300, 123456.789, -0.0],
     "ints": [0, -1, 2**53 + 1, 2**70],
     "nested": {"b": [1, [2, {"x": None, "y": True, "z": False}]], "a": {}, "empty": []},
-    "quote\"and\\slash": "line\nbreak\ttab",
+    'quote"and\\slash': "line\nbreak\ttab",
 }
 
 
@@ -818,14 +835,24 @@ async def test_json_columns_round_trip_nested_values_identically(store: Store) -
     thread = await store.create_thread(owner="alice", metadata=NESTED)
     run, _, _ = await start_run(store, thread, config={"config": NESTED})
     assert await store.mark_running(run.id)
-    assistant = await store.add_message(MessageRecord(new_id("msg"), thread.id, run.input_message_id, run.id, "assistant", "", tool_calls=[{"id": "c", "name": "t", "args": NESTED}]))
+    assistant = await store.add_message(
+        MessageRecord(new_id("msg"), thread.id, run.input_message_id, run.id, "assistant", "", tool_calls=[{"id": "c", "name": "t", "args": NESTED}])
+    )
     record = InterruptRecord(new_id("int"), run.id, thread.id, "pending", [NESTED], [NESTED], {"turn": NESTED}, None, None, utcnow(), utcnow() + HOUR, None)
     assert await store.open_interrupt(record, stored(run.id, 2, Status(stage="thinking")))
     await store.leave_pending(
-        record.id, to_status="resolved", now=utcnow(), decisions=[{"decision": "edit", "args": NESTED}], turn={"turn": NESTED, "after": 1},
-        actor="bob", make_event=lambda run_id, seq: stored(run_id, seq, Status(stage="thinking")), audit_entries=[AuditEntry("decision", "bob", details=NESTED)],
+        record.id,
+        to_status="resolved",
+        now=utcnow(),
+        decisions=[{"decision": "edit", "args": NESTED}],
+        turn={"turn": NESTED, "after": 1},
+        actor="bob",
+        make_event=lambda run_id, seq: stored(run_id, seq, Status(stage="thinking")),
+        audit_entries=[AuditEntry("decision", "bob", details=NESTED)],
     )
-    assert await store.finish_run(run.id, status="failed", final_event=stored(run.id, 4, RunError(code="x", message="y")), from_statuses=("running",), error={"error": NESTED})
+    assert await store.finish_run(
+        run.id, status="failed", final_event=stored(run.id, 4, RunError(code="x", message="y")), from_statuses=("running",), error={"error": NESTED}
+    )
 
     interrupt = await store.get_interrupt(record.id)
     values = {
@@ -872,8 +899,12 @@ async def test_timestamps_come_back_timezone_aware_utc_as_the_same_instant(store
 
     current = await store.get_run(run.id)
     moments = [
-        (await store.get_thread(thread.id)).created_at, current.created_at, current.started_at, current.ended_at,
-        (await store.get_message(user.id)).created_at, (await store.list_threads())[0].created_at,
+        (await store.get_thread(thread.id)).created_at,
+        current.created_at,
+        current.started_at,
+        current.ended_at,
+        (await store.get_message(user.id)).created_at,
+        (await store.list_threads())[0].created_at,
     ]
     assert all(is_utc(m) for m in moments), moments
     now = utcnow()

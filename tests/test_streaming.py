@@ -1,7 +1,7 @@
-"""Streaming guarantees (DESIGN §3, §4, §6), proven through a real server socket.
+"""Streaming guarantees, proven through a real server socket.
 
 Every test talks to a real uvicorn server over TCP. Disconnects are real: leaving an httpx
-``client.stream(...)`` block before the body ended closes the connection, exactly what a closed
+``client.follow(...)`` block before the body ended closes the connection, exactly what a closed
 browser tab, a proxy timeout or a network drop does to the server. The reference every stream is
 compared with is the run's stored log, read page by page with the JSON form of
 ``GET /v1/runs/{id}/events``.
@@ -121,9 +121,7 @@ class SSEReader:
 
 
 @contextlib.asynccontextmanager
-async def open_stream(
-    http: httpx.AsyncClient, run_id: str, *, after: int | None = None, resume: Resume = "header"
-) -> AsyncIterator[SSEReader]:
+async def open_stream(http: httpx.AsyncClient, run_id: str, *, after: int | None = None, resume: Resume = "header") -> AsyncIterator[SSEReader]:
     """Open the run's SSE stream (resuming after ``after`` by header or query); leaving the block
     before the stream ended closes the TCP connection."""
     headers = {"Accept": "text/event-stream"}
@@ -218,9 +216,7 @@ async def clients(server: LiveServer, *, connections: int = 20) -> AsyncIterator
         yield client, http
 
 
-async def follow_with_cuts(
-    http: httpx.AsyncClient, run_id: str, cuts: list[int], *, resume: Resume, rng: random.Random
-) -> tuple[list[Envelope], list[str]]:
+async def follow_with_cuts(http: httpx.AsyncClient, run_id: str, cuts: list[int], *, resume: Resume, rng: random.Random) -> tuple[list[Envelope], list[str]]:
     """Follow a run from its start, dropping connection *i* once it has seen seq ``cuts[i]``,
     each time resuming from the last seq seen; the last connection reads to the end.
 
@@ -286,17 +282,14 @@ async def test_a_stream_cut_at_random_seqs_and_resumed_from_the_last_seen_seq_ha
             }
             plans["header"][1] = plans["header"][0]  # at least one back-to-back cut
             live = await gather(
-                *(
-                    partial(follow_with_cuts, http, live_run, cuts, resume=resume, rng=random.Random(rng.random()))
-                    for resume, cuts in plans.items()
-                )
+                *(partial(follow_with_cuts, http, live_run, cuts, resume=resume, rng=random.Random(rng.random())) for resume, cuts in plans.items())
             )
             await wait_for_terminal(http, live_run)
             log = await stored_log(http, live_run)
             assert_complete_log(log, live_run)
             assert len(log) == total
             live_cuts = 0
-            for (received, statuses), resume in zip(live, plans):
+            for (received, statuses), resume in zip(live, plans, strict=True):
                 assert received == log, f"resume by {resume}"
                 live_cuts += statuses.count("running")
             # The cuts really happened while the run was streaming (not after it finished).
@@ -371,7 +364,10 @@ async def test_closing_the_stream_mid_run_does_not_cancel_the_run(server: LiveSe
             assert "".join(e["data"]["text"] for e in log if e["type"] == "token") == text
             answer = (await client.messages(thread_id))[-1]
             assert (answer["id"], answer["role"], answer["status"], answer["content"]) == (
-                log[-1]["data"]["message_id"], "assistant", "complete", text,
+                log[-1]["data"]["message_id"],
+                "assistant",
+                "complete",
+                text,
             )
 
 
@@ -398,7 +394,7 @@ async def test_the_sse_response_has_the_documented_headers_framing_and_envelopes
                     continue  # a keep-alive comment (not expected here, but allowed)
                 lines = frame.split("\n")
                 assert [line.split(": ", 1)[0] for line in lines] == ["id", "event", "data"], frame
-                envelope = json.loads(lines[2][len("data: "):])
+                envelope = json.loads(lines[2][len("data: ") :])
                 assert set(envelope) == ENVELOPE_KEYS
                 assert lines[0] == f"id: {envelope['seq']}"
                 assert lines[1] == f"event: {envelope['type']}"
@@ -410,9 +406,7 @@ async def test_the_sse_response_has_the_documented_headers_framing_and_envelopes
                 envelopes.append(envelope)
 
             assert_complete_log(envelopes, run_id)
-            assert [e["type"] for e in envelopes] == (
-                ["run_started", "status"] + ["thinking"] * 3 + ["token"] * 3 + ["done"]
-            )
+            assert [e["type"] for e in envelopes] == (["run_started", "status"] + ["thinking"] * 3 + ["token"] * 3 + ["done"])
             assert envelopes[0]["data"]["thread_id"] and envelopes[0]["data"]["input_message_id"]
             assert [parse_ts(e["ts"]) for e in envelopes] == sorted(parse_ts(e["ts"]) for e in envelopes)
             assert envelopes == await stored_log(http, run_id)
@@ -425,7 +419,7 @@ async def test_the_json_page_form_returns_the_very_same_envelopes_with_after_seq
             await wait_for_terminal(http, run_id)
             async with http.stream("GET", f"/v1/runs/{run_id}/events", headers={"Accept": "text/event-stream"}) as response:
                 body = (await response.aread()).decode()
-            data_lines = [line[len("data: "):] for line in body.split("\n") if line.startswith("data: ")]
+            data_lines = [line[len("data: ") :] for line in body.split("\n") if line.startswith("data: ")]
             total = token_run_length(240)
             assert len(data_lines) == total
 
@@ -454,7 +448,7 @@ async def test_the_json_page_form_returns_the_very_same_envelopes_with_after_seq
                 assert pages == log, f"limit={limit}"
             for after, limit in ((0, 5), (17, 3), (total - 2, 10), (total, 10), (total + 50, 10)):
                 items = (await http.get(f"/v1/runs/{run_id}/events", params={"after_seq": after, "limit": limit})).json()["items"]
-                assert items == log[after:after + limit]
+                assert items == log[after : after + limit]
 
 
 async def test_starting_a_run_with_an_event_stream_accept_streams_the_new_run_from_seq_one_to_its_end(server: LiveServer) -> None:
@@ -462,9 +456,7 @@ async def test_starting_a_run_with_an_event_stream_accept_streams_the_new_run_fr
         async with clients(server) as (client, http):
             thread_id = (await client.create_thread())["id"]
             body = {"input": {"content": script({"tokens": 80, "delay_ms": 2})}}
-            async with http.stream(
-                "POST", f"/v1/threads/{thread_id}/runs", json=body, headers={"Accept": "text/event-stream"}
-            ) as response:
+            async with http.stream("POST", f"/v1/threads/{thread_id}/runs", json=body, headers={"Accept": "text/event-stream"}) as response:
                 assert response.is_success, await response.aread()
                 assert response.headers["content-type"].startswith("text/event-stream")
                 assert response.headers["cache-control"] == "no-cache"
@@ -630,7 +622,7 @@ async def test_many_flaky_clients_on_many_concurrent_runs_each_reconstruct_exact
                     log = await stored_log(http, run_id)
                     assert_complete_log(log, run_id)
                     assert len(log) == token_run_length(tokens)
-                for (run_id, _), (received, connections) in zip(followers, results):
+                for (run_id, _), (received, _connections) in zip(followers, results, strict=True):
                     assert received == await stored_log(http, run_id)
                 assert sum(connections for _, connections in results) > 3 * len(results)
                 for run_id, _ in runs:

@@ -62,7 +62,11 @@ def _assert_gone(directory: str, port: int) -> None:
 def test_a_throwaway_cluster_serves_the_tests_and_is_gone_afterwards() -> None:
     done = subprocess.run(
         [str(SCRIPT), "-q", "-p", "no:cacheprovider", PG_TEST],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
@@ -77,7 +81,12 @@ def test_ctrl_c_in_the_middle_of_pytest_still_removes_the_cluster() -> None:
     # Its own process group, which gets the SIGINT as a terminal's Ctrl-C would send it.
     proc = subprocess.Popen(
         [str(SCRIPT), "-q", "-p", "no:cacheprovider", "tests/test_store.py", "-k", "postgresql"],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         assert proc.stdout is not None

@@ -24,8 +24,9 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -141,7 +142,8 @@ def axe_source() -> str:
         NODE_DIR.mkdir(exist_ok=True)
         subprocess.run(
             ["npm", "install", "--prefix", str(NODE_DIR), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", AXE_CORE],
-            check=True, timeout=300,
+            check=True,
+            timeout=300,
         )
     return path.read_text()
 
@@ -234,9 +236,7 @@ def displayed_path(page: Page) -> list[tuple[str, str]]:
     """(message id, text) of every message bubble on screen, top to bottom."""
     return [
         (str(item["id"]), str(item["text"]))
-        for item in page.evaluate(
-            "[...document.querySelectorAll('#chat .msg')].map(m => ({id: m.dataset.id, text: m.querySelector('.text').textContent}))"
-        )
+        for item in page.evaluate("[...document.querySelectorAll('#chat .msg')].map(m => ({id: m.dataset.id, text: m.querySelector('.text').textContent}))")
     ]
 
 
@@ -248,9 +248,7 @@ def expected_path(api: httpx.Client, thread: str) -> list[tuple[str, str]]:
 # -- human review ----------------------------------------------------------------------------
 
 
-def test_approving_a_refund_with_one_click_runs_it_and_the_audit_view_lists_the_decision(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_approving_a_refund_with_one_click_runs_it_and_the_audit_view_lists_the_decision(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     send(page, "refund 25 on order A100")
 
@@ -289,9 +287,7 @@ def test_approving_a_refund_with_one_click_runs_it_and_the_audit_view_lists_the_
     expect(page.locator("#audit")).not_to_be_visible()
 
 
-def test_editing_args_shows_the_servers_field_error_inline_and_a_valid_edit_runs(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_editing_args_shows_the_servers_field_error_inline_and_a_valid_edit_runs(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     send(page, "refund 25 on order A100")
     card = page.locator(".approval")
@@ -322,9 +318,7 @@ def test_editing_args_shows_the_servers_field_error_inline_and_a_valid_edit_runs
     assert [e["args"] for e in effects(api, "refund")] == [{"order_id": "A100", "amount": 10.0}]
 
 
-def test_a_card_with_two_actions_submits_one_approval_and_one_rejection_with_its_reason(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_a_card_with_two_actions_submits_one_approval_and_one_rejection_with_its_reason(page: Page, server: LiveServer, api: httpx.Client) -> None:
     page.set_viewport_size({"width": 360, "height": 780})  # the narrowest supported screen
     open_ui(page, server)
     refunds = [{"name": "refund", "args": {"order_id": "A1", "amount": 5}}, {"name": "refund", "args": {"order_id": "A2", "amount": 7}}]
@@ -361,9 +355,7 @@ def test_a_card_with_two_actions_submits_one_approval_and_one_rejection_with_its
     assert [(a["decision"], a["reason"]) for a in audit if a["action"] == "decision"] == [("approve", None), ("reject", "wrong order")]
 
 
-def test_a_question_for_the_user_offers_only_an_answer_box_and_the_answer_is_the_result(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_a_question_for_the_user_offers_only_an_answer_box_and_the_answer_is_the_result(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     send(page, "ask what colour")
     card = page.locator(".approval")
@@ -384,9 +376,7 @@ def test_a_question_for_the_user_offers_only_an_answer_box_and_the_answer_is_the
     expect(page.locator("#chat .msg.assistant").last.locator(".text")).to_contain_text("blue")
 
 
-def test_reload_brings_back_the_pending_card_with_the_same_countdown_and_approving_works(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_reload_brings_back_the_pending_card_with_the_same_countdown_and_approving_works(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     send(page, "refund 25 on order A100")
     card = page.locator(".approval")
@@ -414,9 +404,7 @@ def test_reload_brings_back_the_pending_card_with_the_same_countdown_and_approvi
     assert len(effects(api, "refund")) == 1
 
 
-def test_an_unanswered_card_expires_by_itself_and_offers_nothing_to_click(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_an_unanswered_card_expires_by_itself_and_offers_nothing_to_click(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server, "?approval_ttl_s=2")
     expect(page.locator("#set-ttl")).to_have_value("2")
     refund = {"name": "refund", "args": {"order_id": "A100", "amount": 25}}
@@ -442,9 +430,7 @@ def test_an_unanswered_card_expires_by_itself_and_offers_nothing_to_click(
 # -- stopping and the network ----------------------------------------------------------------
 
 
-def test_stop_during_a_long_stream_ends_in_stopped_and_nothing_streams_after_cancelled(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_stop_during_a_long_stream_ends_in_stopped_and_nothing_streams_after_cancelled(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     send(page, script({"tokens": 600, "delay_ms": 20}))
     live_text = page.locator(".live-run .msg.assistant .text")
@@ -498,9 +484,7 @@ def test_escape_stops_the_run_and_a_second_stop_makes_it_hard(page: Page, server
     assert [a["details"]["mode"] for a in audit if a["action"] == "cancel"] == ["soft", "hard"]
 
 
-def test_a_network_drop_shows_reconnecting_and_the_text_ends_exactly_as_stored(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_a_network_drop_shows_reconnecting_and_the_text_ends_exactly_as_stored(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     send(page, script({"tokens": 300, "delay_ms": 20}))
     live_text = page.locator(".live-run .msg.assistant .text")
@@ -573,9 +557,7 @@ async (runId) => {
 """
 
 
-def test_the_browser_client_resumes_a_cut_stream_from_its_last_seq_without_gaps_or_duplicates(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_the_browser_client_resumes_a_cut_stream_from_its_last_seq_without_gaps_or_duplicates(page: Page, server: LiveServer, api: httpx.Client) -> None:
     thread = api.post("/v1/threads").json()
     run = api.post(f"/v1/threads/{thread['id']}/runs", json={"input": {"content": script({"tokens": 80, "delay_ms": 10})}}).json()
     open_ui(page, server)  # for the origin and the module
@@ -593,12 +575,10 @@ def test_the_browser_client_resumes_a_cut_stream_from_its_last_seq_without_gaps_
     assert "cancelling" not in result["states"] and "cancelled" not in result["states"]
 
 
-# -- correction ------------------------------------------------------------------------------
+# -- steering ----------------------------------------------------------------------------
 
 
-def test_editing_a_message_forks_and_the_branch_switcher_shows_each_path(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_editing_a_message_forks_and_the_branch_switcher_shows_each_path(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     send_and_finish(page, "hello")
     send_and_finish(page, "order A100")
@@ -655,18 +635,16 @@ def test_editing_a_message_forks_and_the_branch_switcher_shows_each_path(
     assert page.evaluate("document.documentElement.scrollWidth") <= 360
 
 
-def test_a_correction_joins_the_running_run_and_regenerate_adds_a_second_answer(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_a_correction_joins_the_running_run_and_regenerate_adds_a_second_answer(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
-    # Call 1 streams for a while; call 2 (made because a correction arrived) echoes the
+    # Call 1 streams for a while; call 2 (made because a steering message arrived) echoes the
     # history it was given, so the page can show that the correction reached the model.
     send(page, script({"tokens": 120, "delay_ms": 20}, {"echo": True}))
     expect(page.locator(".live-run .msg.assistant .text")).to_contain_text("t5 ")
-    expect(page.locator("#send")).to_have_text("Send correction")
+    expect(page.locator("#send")).to_have_text("Send to steer")
     page.locator("#input").fill("Actually, make it shorter.")
     page.locator("#send").click()
-    correction = page.locator(".live-run .msg.user.correction")
+    correction = page.locator(".live-run .msg.user.steering")
     expect(correction.locator(".text")).to_have_text("Actually, make it shorter.")
     expect(page.locator("#input")).to_have_value("")
 
@@ -685,7 +663,6 @@ def test_a_correction_joins_the_running_run_and_regenerate_adds_a_second_answer(
     final = page.locator("#chat .msg.assistant").last
     expect(final.locator(".branch .pos")).to_have_text("2/2")
     assert displayed_path(page) == expected_path(api, thread)
-
 
 
 # -- what a person trips over (issue 14) -----------------------------------------------------
@@ -779,9 +756,7 @@ def test_escape_never_cancels_a_request_that_waits_for_a_person(page: Page, serv
     assert len(effects(api, "refund")) == 1
 
 
-def test_after_a_reload_an_edited_approval_shows_what_ran_the_change_and_who_decided(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_after_a_reload_an_edited_approval_shows_what_ran_the_change_and_who_decided(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     card = pending_card(page, script({"tool_calls": [{"name": "refund", "args": {"order_id": "A100", "amount": 30}}]}, {"text": "Refunded."}))
     card.locator(".choice-edit").click()
@@ -808,9 +783,7 @@ def test_after_a_reload_an_edited_approval_shows_what_ran_the_change_and_who_dec
             reload(page)
 
 
-def test_after_a_reload_approved_rejected_and_answered_calls_still_say_how_and_by_whom(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_after_a_reload_approved_rejected_and_answered_calls_still_say_how_and_by_whom(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     calls = [*REFUNDS, {"name": "ask_user", "args": {"question": "Which colour?"}}]
     card = pending_card(page, script({"tool_calls": calls}, {"text": "Handled."}))
@@ -882,9 +855,7 @@ def test_the_mobile_drawer_closes_on_a_tap_outside_that_reaches_nothing_and_is_o
     assert requests == [] and api.get("/v1/threads").json()["items"] == [], "the tap sent the message"
 
 
-def test_focus_lands_on_the_next_control_after_a_keyboard_approval_and_after_saving_an_edit(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_focus_lands_on_the_next_control_after_a_keyboard_approval_and_after_saving_an_edit(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     card = pending_card(page)
     card.locator(".choice-approve").focus()
@@ -915,9 +886,7 @@ def test_focus_lands_on_the_next_control_after_a_keyboard_approval_and_after_sav
     expect(page.locator("#input")).to_be_focused()
 
 
-def test_a_soft_stop_leaves_one_stop_now_button_and_says_it_waits_for_the_running_tool(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_a_soft_stop_leaves_one_stop_now_button_and_says_it_waits_for_the_running_tool(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     send(page, script({"tool_calls": [{"name": "sleep", "args": {"seconds": 30}}]}))
     expect(page.locator(".tool-card[data-tool=sleep]")).to_have_attribute("data-status", "running")
@@ -951,9 +920,7 @@ def test_filled_buttons_meet_aa_contrast_in_both_colour_schemes(page: Page, serv
     assert low_contrast_buttons(page, ".approval .confirm-reject, #stop, #send") == []
 
 
-def test_a_question_is_asked_not_approved_its_box_has_focus_and_enter_sends_the_answer(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_a_question_is_asked_not_approved_its_box_has_focus_and_enter_sends_the_answer(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     card = pending_card(page, "ask what colour")
     expect(card.locator(".approval-title")).to_have_text("The agent asks you a question")
@@ -979,9 +946,7 @@ def test_a_question_is_asked_not_approved_its_box_has_focus_and_enter_sends_the_
     assert "green" not in [m["content"] for m in path_of(api, thread_id(page))]
 
 
-def test_an_expired_request_stays_in_the_chat_as_expired_not_executed_with_its_time(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_an_expired_request_stays_in_the_chat_as_expired_not_executed_with_its_time(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server, "?approval_ttl_s=1")
     send(page, script({"tool_calls": [{"name": "refund", "args": {"order_id": "A100", "amount": 25}}]}, {"text": "It expired."}))
     expect(conn(page)).to_have_attribute("data-state", "completed")
@@ -1002,10 +967,13 @@ CURSORS_JS = "() => [...document.querySelectorAll('#chat .msg.assistant .text')]
 
 def test_the_typing_cursor_shows_only_while_text_streams(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
-    card = pending_card(page, script(
-        {"text": "Let me refund that first.", "tool_calls": [{"name": "refund", "args": {"order_id": "A1", "amount": 5}}]},
-        {"tokens": 40, "delay_ms": 40, "tool_calls": [{"name": "sleep", "args": {"seconds": 30}}]},
-    ))
+    card = pending_card(
+        page,
+        script(
+            {"text": "Let me refund that first.", "tool_calls": [{"name": "refund", "args": {"order_id": "A1", "amount": 5}}]},
+            {"tokens": 40, "delay_ms": 40, "tool_calls": [{"name": "sleep", "args": {"seconds": 30}}]},
+        ),
+    )
     expect(page.locator(".live-run .msg.assistant .text").first).to_have_text("Let me refund that first. ")
     assert page.evaluate(CURSORS_JS) == 0, "the cursor blinks on text that waits for approval"
 
@@ -1022,9 +990,7 @@ def test_the_typing_cursor_shows_only_while_text_streams(page: Page, server: Liv
     expect(conn(page)).to_have_attribute("data-state", "cancelled")
 
 
-def test_the_reject_panel_names_its_buttons_apart_keeps_the_countdown_in_view_and_enter_confirms(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_the_reject_panel_names_its_buttons_apart_keeps_the_countdown_in_view_and_enter_confirms(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     card = pending_card(page)
     expect(card.locator(".waited")).to_have_text("asked just now")  # not "waiting for 0 s"
@@ -1043,9 +1009,7 @@ def test_the_reject_panel_names_its_buttons_apart_keeps_the_countdown_in_view_an
     assert [(a["decision"], a["reason"]) for a in audit_of(api, page) if a["action"] == "decision"] == [("reject", "not eligible")]
 
 
-def test_a_card_of_several_actions_says_what_is_missing_and_marks_each_choice_as_pressed(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_a_card_of_several_actions_says_what_is_missing_and_marks_each_choice_as_pressed(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     card = pending_card(page, script({"tool_calls": REFUNDS}, {"text": "Handled both."}))
     names = button_names(card)
@@ -1093,9 +1057,7 @@ OPTIONS_FIT_JS = """
 """
 
 
-def test_at_390px_the_message_box_is_compact_and_a_two_action_card_fits_uncut(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_at_390px_the_message_box_is_compact_and_a_two_action_card_fits_uncut(page: Page, server: LiveServer, api: httpx.Client) -> None:
     page.set_viewport_size(MOBILE)
     open_ui(page, server)
     card = pending_card(page, script({"text": "Two refunds, then.", "tool_calls": REFUNDS}, {"text": "Handled both."}))
@@ -1115,9 +1077,7 @@ def test_run_settings_show_their_options_uncut_on_a_desktop(page: Page, server: 
     assert page.locator("#set-threshold").evaluate(OPTIONS_FIT_JS), "the approval threshold's options are cut off"
 
 
-def test_a_finished_tool_card_is_folded_to_one_line_that_says_what_happened(
-    page: Page, server: LiveServer, api: httpx.Client
-) -> None:
+def test_a_finished_tool_card_is_folded_to_one_line_that_says_what_happened(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
     send_and_finish(page, "order A100")
     tool = page.locator(".tool-card[data-tool=get_order]")

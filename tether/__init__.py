@@ -1,23 +1,54 @@
-"""Tether: run tool-using LLM agents with durable runs, gapless streams and real cancellation."""
+"""Tether: run tool-using LLM agents with durable runs, gapless streams and real cancellation.
+
+This module is the public API: what an agent author, a server operator and a client need. The
+server and the clients are imported on first use (``tether.create_app``, ``tether.AsyncClient``),
+so an agent module that only imports ``Agent`` and ``tool`` stays light.
+"""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING, Any
 
 from .agent import Agent
-from .errors import TetherError
+from .errors import (
+    APIError,
+    Conflict,
+    EventLogFailed,
+    FieldError,
+    Forbidden,
+    Gone,
+    InterruptExpired,
+    InterruptResolved,
+    InvalidRequest,
+    ModelError,
+    NotFound,
+    RunNotActive,
+    TetherError,
+    ThreadBusy,
+    ToolArgsError,
+)
 from .events import Envelope, Event
 from .models import ChatMessage, Model, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
 from .models.scripted import ScriptedModel
 from .tools import Sensitive, Tool, ToolContext, tool
 
+if TYPE_CHECKING:
+    from .client import AsyncClient, Client
+    from .runtime import RunConfig
+    from .server import create_app
+
+__version__ = "0.1.0"
+
 __all__ = [
     "__version__",
+    # agents
     "Agent",
     "tool",
     "Tool",
     "ToolContext",
     "Sensitive",
+    "RunConfig",
+    # models
     "Model",
     "ModelRequest",
     "ChatMessage",
@@ -25,7 +56,40 @@ __all__ = [
     "ThinkingDelta",
     "ToolCallRequest",
     "ScriptedModel",
+    # serving and clients
+    "create_app",
+    "AsyncClient",
+    "Client",
+    # events
     "Envelope",
     "Event",
+    # errors
     "TetherError",
+    "FieldError",
+    "NotFound",
+    "InvalidRequest",
+    "ToolArgsError",
+    "Conflict",
+    "ThreadBusy",
+    "RunNotActive",
+    "InterruptResolved",
+    "Gone",
+    "InterruptExpired",
+    "Forbidden",
+    "ModelError",
+    "EventLogFailed",
+    "APIError",
 ]
+
+_LAZY = {"create_app": "server", "AsyncClient": "client", "Client": "client", "RunConfig": "runtime"}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the server, the runtime and the clients on first use."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import overload
 
 
 def new_id(prefix: str) -> str:
@@ -14,11 +15,19 @@ def new_id(prefix: str) -> str:
 
 def utcnow() -> datetime:
     """The current time in UTC."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
+
+
+@overload
+def as_utc(moment: datetime) -> datetime: ...
+
+
+@overload
+def as_utc(moment: None) -> None: ...
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
     """Attach UTC to a naive timestamp read back from the database."""
     if moment is None:
         return None
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -60,9 +62,12 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
     uvicorn.run(create_app(agent, db, lease_s=lease_seconds), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3)
 
 
-def _server_options(fn):  # type: ignore[no-untyped-def]
+def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
     fn = click.option(
-        "--lease-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0.5),
+        "--lease-seconds",
+        default=10.0,
+        show_default=True,
+        type=click.FloatRange(min=0.5),
         help="With PostgreSQL and several processes: how long after its executor dies a run is taken over.",
     )(fn)
     fn = click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))(fn)
@@ -90,9 +95,7 @@ def serve(app: str, host: str, port: int, db: str | None, log_level: str, lease_
 @_server_options
 @click.option("--openai-model", default=None, envvar="TETHER_OPENAI_MODEL", help="Use an OpenAI-compatible model instead of the scripted one.")
 @click.option("--openai-base-url", default=None, envvar="TETHER_OPENAI_BASE_URL", help="Base URL of the OpenAI-compatible API.")
-def demo(
-    host: str, port: int, db: str | None, log_level: str, lease_seconds: float, openai_model: str | None, openai_base_url: str | None
-) -> None:
+def demo(host: str, port: int, db: str | None, log_level: str, lease_seconds: float, openai_model: str | None, openai_base_url: str | None) -> None:
     """Serve the built-in demo shop agent (scripted model, no keys needed)."""
     from .demo import build_demo_agent
 
@@ -111,7 +114,7 @@ def chat(url: str, thread_id: str | None) -> None:
     """Chat with a served agent in the terminal; review tool calls as they come."""
     import asyncio
 
-    from .chat import run_chat
+    from ._chat import run_chat
     from .client import APIError
 
     try:
@@ -137,7 +140,7 @@ def audit(url: str, thread_id: str | None, run_id: str | None, as_json: bool) ->
     if not thread_id and not run_id:
         raise click.UsageError("give --thread or --run")
 
-    async def fetch() -> list[dict]:  # type: ignore[type-arg]
+    async def fetch() -> list[dict[str, Any]]:
         async with AsyncClient(url) as client:
             return await client.audit(thread_id=thread_id, run_id=run_id)
 

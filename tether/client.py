@@ -1,6 +1,6 @@
 """``tether.client``: an async Python client for a Tether server.
 
-:meth:`AsyncClient.stream` is the part that matters: it follows a run's events over SSE and,
+:meth:`AsyncClient.follow` is the part that matters: it follows a run's events over SSE and,
 when the connection drops, reconnects with ``Last-Event-ID`` = the last seq it yielded, with
 backoff, so the caller sees every event exactly once and in order, ending with the terminal
 event. Dropping the connection is only a transport matter: it never cancels the run. Stopping
@@ -11,25 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from types import TracebackType
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 from httpx_sse import aconnect_sse
 
-from .errors import TetherError
+from .errors import APIError, TetherError
 from .events import Envelope
 
 __all__ = ["AsyncClient", "Client", "APIError"]
-
-
-class APIError(TetherError):
-    """An error response from the server (``status`` and the server's ``code``)."""
-
-    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
-        super().__init__(message, code=code, details=details)
-        self.status = status
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -70,59 +63,62 @@ class AsyncClient:
         """Close the connection pool."""
         await self._http.aclose()
 
-    async def _json(self, method: str, url: str, **kwargs: Any) -> Any:
+    async def _json(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
         response = await self._http.request(method, url, **kwargs)
         _raise_for(response)
-        return response.json()
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def _items(self, url: str, **kwargs: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (await self._json("GET", url, **kwargs))["items"]
+        return items
 
     # -- threads ---------------------------------------------------------------------------
 
     async def create_thread(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """Create a thread."""
-        return await self._json("POST", "/v1/threads", json={"metadata": metadata or {}})  # type: ignore[no-any-return]
+        return await self._json("POST", "/v1/threads", json={"metadata": metadata or {}})
 
     async def get_thread(self, thread_id: str) -> dict[str, Any]:
         """Read a thread (with ``active_run_id``)."""
-        return await self._json("GET", f"/v1/threads/{thread_id}")  # type: ignore[no-any-return]
+        return await self._json("GET", f"/v1/threads/{thread_id}")
 
     async def list_threads(self) -> list[dict[str, Any]]:
         """The caller's threads, newest first."""
-        return (await self._json("GET", "/v1/threads"))["items"]  # type: ignore[no-any-return]
+        return await self._items("/v1/threads")
 
     async def messages(self, thread_id: str, *, view: str = "path") -> list[dict[str, Any]]:
         """The thread's active path (``view="path"``) or whole tree (``"tree"``)."""
-        return (await self._json("GET", f"/v1/threads/{thread_id}/messages", params={"view": view}))["items"]  # type: ignore[no-any-return]
+        return await self._items(f"/v1/threads/{thread_id}/messages", params={"view": view})
 
     # -- runs ------------------------------------------------------------------------------
 
-    async def start_run(
-        self, thread_id: str, content: str, *, parent_id: str | None = None, config: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    async def start_run(self, thread_id: str, content: str, *, parent_id: str | None = None, config: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start a run; returns the run (status ``queued`` or later)."""
         body: dict[str, Any] = {"input": {"content": content}}
         if parent_id is not None:
             body["parent_id"] = parent_id
         if config:
             body["config"] = config
-        return await self._json("POST", f"/v1/threads/{thread_id}/runs", json=body)  # type: ignore[no-any-return]
+        return await self._json("POST", f"/v1/threads/{thread_id}/runs", json=body)
 
     async def get_run(self, run_id: str) -> dict[str, Any]:
         """Read a run."""
-        return await self._json("GET", f"/v1/runs/{run_id}")  # type: ignore[no-any-return]
+        return await self._json("GET", f"/v1/runs/{run_id}")
 
     async def cancel(self, run_id: str, mode: str = "soft", reason: str | None = None) -> dict[str, Any]:
         """Explicitly cancel a run (``soft``: let a running tool finish; ``hard``: stop it too)."""
         body: dict[str, Any] = {"mode": mode}
         if reason is not None:
             body["reason"] = reason
-        return await self._json("POST", f"/v1/runs/{run_id}/cancel", json=body)  # type: ignore[no-any-return]
+        return await self._json("POST", f"/v1/runs/{run_id}/cancel", json=body)
 
     async def events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[Envelope]:
         """One JSON page of a run's stored events."""
         page = await self._json("GET", f"/v1/runs/{run_id}/events", params={"after_seq": after_seq, "limit": limit})
         return [Envelope.model_validate(item) for item in page["items"]]
 
-    async def stream(self, run_id: str, *, after_seq: int = 0) -> AsyncIterator[Envelope]:
+    async def follow(self, run_id: str, *, after_seq: int = 0) -> AsyncGenerator[Envelope, None]:
         """Yield the run's events with ``seq > after_seq``, in order, each once, through the
         terminal event; reconnects from the last yielded seq whenever the connection drops."""
         last = after_seq
@@ -159,7 +155,7 @@ class AsyncClient:
             await asyncio.sleep(backoff * (1 + random.random() * 0.2))
             backoff = min(backoff * 2, self._max_backoff)
 
-    # -- correction ------------------------------------------------------------------------
+    # -- corrections: fork, regenerate, branches, steer, edit --------------------------------
 
     async def fork(self, thread_id: str, parent_id: str | None, content: str, *, config: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start a run whose new user message is a child of ``parent_id`` (``None``: a new root).
@@ -168,74 +164,74 @@ class AsyncClient:
         body: dict[str, Any] = {"input": {"content": content}, "parent_id": parent_id}
         if config:
             body["config"] = config
-        return await self._json("POST", f"/v1/threads/{thread_id}/runs", json=body)  # type: ignore[no-any-return]
+        return await self._json("POST", f"/v1/threads/{thread_id}/runs", json=body)
 
     async def regenerate(self, thread_id: str, user_message_id: str, *, config: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start a run that answers ``user_message_id`` again (a sibling answer)."""
         body: dict[str, Any] = {"parent_id": user_message_id}
         if config:
             body["config"] = config
-        return await self._json("POST", f"/v1/threads/{thread_id}/runs", json=body)  # type: ignore[no-any-return]
+        return await self._json("POST", f"/v1/threads/{thread_id}/runs", json=body)
 
-    async def switch_branch(self, thread_id: str, message_id: str) -> dict[str, Any]:
+    async def set_active_leaf(self, thread_id: str, message_id: str) -> dict[str, Any]:
         """Make the branch through ``message_id`` active (its deepest, newest leaf)."""
-        return await self._json("PUT", f"/v1/threads/{thread_id}/active_leaf", json={"message_id": message_id})  # type: ignore[no-any-return]
+        return await self._json("PUT", f"/v1/threads/{thread_id}/active_leaf", json={"message_id": message_id})
 
     async def steer(self, run_id: str, content: str) -> dict[str, Any]:
-        """Send a correction into a running run."""
-        return await self._json("POST", f"/v1/runs/{run_id}/messages", json={"content": content})  # type: ignore[no-any-return]
+        """Steer a running run: send it a message."""
+        return await self._json("POST", f"/v1/runs/{run_id}/messages", json={"content": content})
 
     async def edit_message(self, message_id: str, content: str) -> dict[str, Any]:
         """Store an edited version of an assistant message (made active)."""
-        return await self._json("PATCH", f"/v1/messages/{message_id}", json={"content": content})  # type: ignore[no-any-return]
+        return await self._json("PATCH", f"/v1/messages/{message_id}", json={"content": content})
 
     # -- human review ----------------------------------------------------------------------
 
     async def wait_for_interrupt(self, run_id: str, *, after_seq: int = 0) -> dict[str, Any] | None:
         """Follow the run until it pauses for review; the pending interrupt, or None if the run
         ended without one."""
-        async with aclosing(self.stream(run_id, after_seq=after_seq)) as events:
+        async with aclosing(self.follow(run_id, after_seq=after_seq)) as events:
             async for envelope in events:
                 if envelope.type == "interrupt":
                     run = await self.get_run(run_id)
-                    pending = run.get("pending_interrupt")
+                    pending: dict[str, Any] | None = run.get("pending_interrupt")
                     if pending and pending["id"] == envelope.data["interrupt_id"]:
-                        return pending  # type: ignore[no-any-return]
+                        return pending
         return None
 
-    async def decide(self, thread_id: str, interrupt_id: str, decisions: list[dict[str, Any]]) -> dict[str, Any]:
+    async def resume(self, thread_id: str, interrupt_id: str, decisions: list[dict[str, Any]]) -> dict[str, Any]:
         """Answer every action of an interrupt, in order; returns the resumed run."""
         body = {"interrupt_id": interrupt_id, "decisions": decisions}
-        return await self._json("POST", f"/v1/threads/{thread_id}/resume", json=body)  # type: ignore[no-any-return]
+        return await self._json("POST", f"/v1/threads/{thread_id}/resume", json=body)
 
-    async def _decide_all(self, interrupt: dict[str, Any], decision: dict[str, Any]) -> dict[str, Any]:
+    async def _resume_all(self, interrupt: dict[str, Any], decision: dict[str, Any]) -> dict[str, Any]:
         count = len(interrupt["action_requests"])
-        return await self.decide(interrupt["thread_id"], interrupt["id"], [decision] * count)
+        return await self.resume(interrupt["thread_id"], interrupt["id"], [decision] * count)
 
     async def approve(self, interrupt: dict[str, Any]) -> dict[str, Any]:
         """Approve every action of ``interrupt`` (as returned by :meth:`wait_for_interrupt`)."""
-        return await self._decide_all(interrupt, {"decision": "approve"})
+        return await self._resume_all(interrupt, {"decision": "approve"})
 
     async def reject(self, interrupt: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
         """Reject every action of ``interrupt``; the reason goes back to the model."""
-        return await self._decide_all(interrupt, {"decision": "reject", "reason": reason})
+        return await self._resume_all(interrupt, {"decision": "reject", "reason": reason})
 
     async def edit(self, interrupt: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
         """Run the (single) action of ``interrupt`` with edited ``args``."""
-        return await self._decide_all(interrupt, {"decision": "edit", "args": args})
+        return await self._resume_all(interrupt, {"decision": "edit", "args": args})
 
     async def respond(self, interrupt: dict[str, Any], message: str) -> dict[str, Any]:
         """Answer the (single) action of ``interrupt`` with ``message`` instead of running it."""
-        return await self._decide_all(interrupt, {"decision": "respond", "message": message})
+        return await self._resume_all(interrupt, {"decision": "respond", "message": message})
 
     async def audit(self, *, thread_id: str | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
         """Audit entries of a thread or run."""
         params = {k: v for k, v in (("thread_id", thread_id), ("run_id", run_id)) if v}
-        return (await self._json("GET", "/v1/audit", params=params))["items"]  # type: ignore[no-any-return]
+        return await self._items("/v1/audit", params=params)
 
     async def wait_for_run(self, run_id: str) -> dict[str, Any]:
         """Follow the run to its end and return it."""
-        async for _ in self.stream(run_id):
+        async for _ in self.follow(run_id):
             pass
         return await self.get_run(run_id)
 
@@ -249,7 +245,7 @@ class Client:
         with Client("http://127.0.0.1:8000") as client:
             thread = client.create_thread()
             run = client.start_run(thread["id"], "order A100")
-            for event in client.stream(run["id"]):
+            for event in client.follow(run["id"]):
                 print(event.type, event.data)
     """
 
@@ -274,9 +270,9 @@ class Client:
             raise AttributeError(name)
         return lambda *args, **kwargs: self._call(method(*args, **kwargs))
 
-    def stream(self, run_id: str, *, after_seq: int = 0) -> Iterator[Envelope]:
-        """Like :meth:`AsyncClient.stream`, as a generator."""
-        events = self._async.stream(run_id, after_seq=after_seq)
+    def follow(self, run_id: str, *, after_seq: int = 0) -> Iterator[Envelope]:
+        """Like :meth:`AsyncClient.follow`, as a generator."""
+        events = self._async.follow(run_id, after_seq=after_seq)
         try:
             while True:
                 try:

@@ -5,6 +5,7 @@
     TetherError
     ├── NotFound            a thread, run, message or interrupt does not exist (for you)
     ├── InvalidRequest      input that fails validation (``details`` says where)
+    │   └── ToolArgsError       a tool's arguments do not match its schema
     ├── Conflict            the request does not fit the current state
     │   ├── ThreadBusy          another run of the thread is not terminal
     │   ├── RunNotActive        the run is already terminal
@@ -12,7 +13,9 @@
     ├── Gone
     │   └── InterruptExpired    the approval window closed; nothing can execute now
     ├── Forbidden           the caller may not do this
-    └── ModelError          the model provider failed
+    ├── ModelError          the model provider failed
+    ├── EventLogFailed      a run's event log could not be committed (the run fails)
+    └── APIError            (clients) the server answered with an error: ``status``, ``code``
 
 The HTTP status for each lives in one place, the server's error handler; the core never speaks
 HTTP. An error about particular fields of the input names them with :class:`FieldError`s, whose
@@ -22,8 +25,9 @@ that input came from (``body``, ``path``). A rejected approval is an event, not 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = [
     "FieldError",
@@ -38,6 +42,9 @@ __all__ = [
     "InterruptExpired",
     "Forbidden",
     "ModelError",
+    "ToolArgsError",
+    "EventLogFailed",
+    "APIError",
 ]
 
 
@@ -56,9 +63,7 @@ class TetherError(Exception):
 
     code = "tether_error"
 
-    def __init__(
-        self, message: str, *, code: str | None = None, details: Any = None, fields: Sequence[FieldError] = ()
-    ) -> None:
+    def __init__(self, message: str, *, code: str | None = None, details: Any = None, fields: Sequence[FieldError] = ()) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
@@ -130,3 +135,28 @@ class ModelError(TetherError):
     def __init__(self, message: str, *, retryable: bool = False, code: str | None = None) -> None:
         super().__init__(message, code=code)
         self.retryable = retryable
+
+
+class ToolArgsError(InvalidRequest):
+    """Tool arguments do not match the tool's schema; ``errors`` names the fields."""
+
+    code = "invalid_tool_args"
+
+    def __init__(self, tool: str, errors: list[dict[str, Any]]) -> None:
+        summary = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(args)'}: {e['msg']}" for e in errors)
+        super().__init__(f"invalid arguments for {tool}: {summary}")
+        self.errors = errors
+
+
+class EventLogFailed(TetherError):
+    """A run's event log could not be committed; what was not written is not published."""
+
+    code = "event_log_failed"
+
+
+class APIError(TetherError):
+    """An error response from a Tether server, as the clients raise it (``status``, ``code``)."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(message, code=code, details=details)
+        self.status = status

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -125,7 +125,7 @@ class Resumed(Event):
 
 
 class UserMessage(Event):
-    """A correction sent into the running run; it joins the history before the next model call."""
+    """A steering message sent into the running run; it joins the history before the next model call."""
 
     type: ClassVar[str] = "user_message"
     message_id: str
@@ -196,8 +196,8 @@ def format_ts(moment: datetime) -> str:
     """Format a timestamp as the wire does: UTC, microseconds, ``Z``."""
     # The text of strftime("%Y-%m-%dT%H:%M:%S.%fZ") for every four-digit year, at a third of
     # the cost (this runs once per event).
-    if moment.tzinfo is not timezone.utc:
-        moment = moment.astimezone(timezone.utc)
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
     return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" → "Z"
 
 
@@ -213,7 +213,7 @@ def now_ts() -> str:
     second, micro = divmod(time.time_ns() // 1000, 1_000_000)
     cached, text = _now_second
     if second != cached:
-        text = datetime.fromtimestamp(second, timezone.utc).isoformat()[:-6]  # drop "+00:00"
+        text = datetime.fromtimestamp(second, UTC).isoformat()[:-6]  # drop "+00:00"
         _now_second = (second, text)
     return f"{text}.{micro:06d}Z"
 
@@ -261,8 +261,7 @@ class Envelope(BaseModel):
         """``encode`` of a ``Token`` or ``Thinking`` event, byte for byte, without building the
         event: the path every streamed delta takes."""
         return (
-            f'{{"run_id":{_dumps(run_id)},"seq":{seq:d},"type":"{event_type}","ts":"{ts}",'
-            f'"data":{{"message_id":{_dumps(message_id)},"text":{_dumps(text)}}}}}'
+            f'{{"run_id":{_dumps(run_id)},"seq":{seq:d},"type":"{event_type}","ts":"{ts}","data":{{"message_id":{_dumps(message_id)},"text":{_dumps(text)}}}}}'
         )
 
     def to_json(self) -> str:

@@ -14,10 +14,13 @@ events, API responses, logs and the audit log. The tool itself receives the real
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Awaitable, Callable, Literal, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from .errors import ToolArgsError
 
 __all__ = ["tool", "Tool", "ToolContext", "Sensitive", "Risk", "Decision", "mask_value", "ToolArgsError"]
 
@@ -40,15 +43,6 @@ class ToolContext:
     call_id: str
 
 
-class ToolArgsError(ValueError):
-    """Tool arguments do not match the tool's schema; ``errors`` names the fields."""
-
-    def __init__(self, tool: str, errors: list[dict[str, Any]]) -> None:
-        summary = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(args)'}: {e['msg']}" for e in errors)
-        super().__init__(f"invalid arguments for {tool}: {summary}")
-        self.errors = errors
-
-
 def mask_value(value: Any) -> str:
     """Mask a sensitive value, keeping at most its last four characters (``****4242``)."""
     text = str(value)
@@ -56,9 +50,7 @@ def mask_value(value: Any) -> str:
 
 
 def _is_sensitive(annotation: Any) -> bool:
-    return get_origin(annotation) is Annotated and any(
-        meta is Sensitive or isinstance(meta, Sensitive) for meta in get_args(annotation)[1:]
-    )
+    return get_origin(annotation) is Annotated and any(meta is Sensitive or isinstance(meta, Sensitive) for meta in get_args(annotation)[1:])
 
 
 class Tool:
@@ -88,9 +80,7 @@ class Tool:
         self.describe_template = describe
         #: Whether a reviewer's ``edit`` may change a sensitive argument (never reveal it).
         self.allow_sensitive_edit = allow_sensitive_edit
-        if allowed_decisions is None:
-            allowed_decisions = ("approve", "reject", "edit")
-        self.allowed_decisions: tuple[Decision, ...] = tuple(allowed_decisions)
+        self.allowed_decisions: tuple[Decision, ...] = tuple(allowed_decisions) if allowed_decisions is not None else ("approve", "reject", "edit")
 
         hints = get_type_hints(fn, include_extras=True)
         fields: dict[str, Any] = {}
@@ -106,9 +96,7 @@ class Tool:
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[param.name] = (annotation, default)
         self.sensitive_args = frozenset(sensitive)
-        self.args_model: type[BaseModel] = create_model(  # type: ignore[call-overload]
-            f"{self.name}_args", __config__=ConfigDict(extra="forbid"), **fields
-        )
+        self.args_model: type[BaseModel] = create_model(f"{self.name}_args", __config__=ConfigDict(extra="forbid"), **fields)
 
     def __repr__(self) -> str:
         return f"<Tool {self.name} risk={self.risk}>"
@@ -128,10 +116,7 @@ class Tool:
         try:
             model = self.args_model.model_validate(args)
         except ValidationError as exc:
-            errors = [
-                {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
-                for e in exc.errors(include_url=False, include_input=False)
-            ]
+            errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False, include_input=False)]
             raise ToolArgsError(self.name, errors) from None
         return {field: getattr(model, field) for field in type(model).model_fields}
 
@@ -165,6 +150,23 @@ def _as_json_shows(value: Any) -> Any:
     return value
 
 
+@overload
+def tool(fn: Callable[..., Awaitable[Any]], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    risk: Risk = "read_only",
+    allowed_decisions: tuple[Decision, ...] | list[Decision] | None = None,
+    approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
+    describe: str | None = None,
+    allow_sensitive_edit: bool = False,
+) -> Callable[[Callable[..., Awaitable[Any]]], Tool]: ...
+
+
 def tool(
     fn: Callable[..., Awaitable[Any]] | None = None,
     *,
@@ -175,7 +177,7 @@ def tool(
     approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
     describe: str | None = None,
     allow_sensitive_edit: bool = False,
-) -> Any:
+) -> Tool | Callable[[Callable[..., Awaitable[Any]]], Tool]:
     """Make a :class:`Tool` of an async function; usable bare (``@tool``) or with options."""
 
     def wrap(f: Callable[..., Awaitable[Any]]) -> Tool:

@@ -58,9 +58,7 @@ class DemoShop:
         """Append one effect row."""
         assert self.store is not None, "the demo shop is not open"
         async with self.store.transaction() as conn:
-            await conn.execute(
-                demo_effects.insert().values(call_id=ctx.call_id, run_id=ctx.run_id, tool=tool_name, args=args, ts=utcnow())
-            )
+            await conn.execute(demo_effects.insert().values(call_id=ctx.call_id, run_id=ctx.run_id, tool=tool_name, args=args, ts=utcnow()))
 
     async def effects(self, *, tool_name: str | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
         """Every effect recorded, oldest first."""
@@ -72,10 +70,7 @@ class DemoShop:
             query = query.where(demo_effects.c.run_id == run_id)
         async with self.store.connection() as conn:
             rows = (await conn.execute(query)).all()
-        return [
-            {"id": r.id, "call_id": r.call_id, "run_id": r.run_id, "tool": r.tool, "args": r.args, "ts": format_ts(r.ts)}
-            for r in rows
-        ]
+        return [{"id": r.id, "call_id": r.call_id, "run_id": r.run_id, "tool": r.tool, "args": r.args, "ts": format_ts(r.ts)} for r in rows]
 
 
 def build_demo_agent(model: Model | None = None) -> Agent:
@@ -125,9 +120,7 @@ def build_demo_agent(model: Model | None = None) -> Agent:
         return {"sent": True, "to": to}
 
     @tool(risk="destructive", describe="Charge {amount} to card {card_number}")
-    async def charge_card(
-        card_number: Annotated[str, Sensitive], amount: Annotated[float, Field(gt=0, le=100_000)], ctx: ToolContext
-    ) -> dict[str, Any]:
+    async def charge_card(card_number: Annotated[str, Sensitive], amount: Annotated[float, Field(gt=0, le=100_000)], ctx: ToolContext) -> dict[str, Any]:
         """Charge a payment card (irreversible)."""
         await shop.record(ctx, "charge_card", {"card_number": mask_value(card_number), "amount": amount})
         return {"charged": amount, "card": mask_value(card_number)}
@@ -151,9 +144,7 @@ def build_demo_agent(model: Model | None = None) -> Agent:
     router = APIRouter()
 
     @router.get("/v1/demo/effects", tags=["demo"])
-    async def list_effects(
-        request: Request, tool: str | None = Query(default=None), run_id: str | None = Query(default=None)
-    ) -> dict[str, Any]:
+    async def list_effects(request: Request, tool: str | None = Query(default=None), run_id: str | None = Query(default=None)) -> dict[str, Any]:
         """What the demo agent actually did: one row per real tool execution."""
         return {"items": await shop.effects(tool_name=tool, run_id=run_id)}
 

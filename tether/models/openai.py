@@ -41,8 +41,9 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Self
+from typing import Any, Self
 
 import anyio
 import openai

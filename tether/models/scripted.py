@@ -42,7 +42,8 @@ import asyncio
 import json
 import re
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from ..errors import ModelError
 from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest

@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .._ids import utcnow
 from ..agent import Agent
 from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
 from ..store import AuditEntry, InterruptRecord, RunRecord, RunStatus, Store, args_digest
-from .bus import LocalBus, Subscription
-from .config import RunConfig
-from .follow import follow_run
-from .pgbus import PostgresBus
-from .review import check_decisions
+from ._bus import LocalBus, Subscription
+from ._config import RunConfig
+from ._follow import follow_run
+from ._gate import check_decisions
+from ._pgbus import PostgresBus
+from ._runner import RunExecutor, as_cancel_mode, cancelled_event
 from ._turn import ParkedTurn, turn_messages
-from .runner import RunExecutor, cancelled_event
 
 __all__ = ["Runtime", "RunConfig", "LocalBus", "Subscription", "follow_run"]
 
@@ -181,19 +182,17 @@ class Runtime:
         Raises :class:`~tether.errors.RunNotActive` once the run is terminal.
         """
         record = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor)
-        await self.store.add_audit(
-            [AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})]
-        )
+        await self.store.add_audit([AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})])
         executor = self._executors.get(run_id)
         if executor is not None and not executor.parked:
-            executor.request_cancel(record.cancel_mode or mode)
+            executor.request_cancel(as_cancel_mode(record.cancel_mode or mode))
         elif self._executed_elsewhere(record):
             # Another live process executes it: tell that one (it also re-checks the store).
             await self.store.send_control({"kind": "cancel", "run_id": run_id, "mode": record.cancel_mode or mode})
         elif run_id not in self._finishing:
             # Nothing executes it here (queued, waiting for a human, or orphaned): finish it
             # directly. The conditional write makes a racing finisher harmless; a second cancel
-            # request meanwhile must not write the results and corrections a second time.
+            # request meanwhile must not write the results and steering messages a second time.
             self._finishing.add(run_id)
             try:
                 await self._cancel_without_executor(record)
@@ -216,7 +215,7 @@ class Runtime:
         if executor is None or executor.parked:
             return
         if message.get("kind") == "cancel":
-            executor.request_cancel("hard" if message.get("mode") == "hard" else "soft")
+            executor.request_cancel(as_cancel_mode(str(message.get("mode"))))
 
     async def _keep_leases(self) -> None:
         """Renew this process's claims; pick up cancels another process recorded (a backstop
@@ -236,7 +235,7 @@ class Runtime:
                     if executor is not None and executor.cancel_mode != "hard":
                         current = await self.store.get_run(run_id)
                         if current.status == "cancelling" and current.cancel_mode != executor.cancel_mode:
-                            executor.request_cancel(current.cancel_mode or "soft")
+                            executor.request_cancel(as_cancel_mode(current.cancel_mode))
                 if not self.store.is_sqlite:
                     await self._recover_runs(await self.store.claim_abandoned())
             except Exception:
@@ -244,7 +243,7 @@ class Runtime:
 
     async def _cancel_without_executor(self, record: RunRecord) -> None:
         """Finish a cancelling run that no task executes; a pending interrupt's gated calls
-        get ``cancelled`` results and never run. Results, tool messages, queued corrections
+        get ``cancelled`` results and never run. Results, tool messages, queued steering messages
         and the ``cancelled`` event are those an executor would write (one copy: ``_turn``)."""
         seq = await self.store.last_seq(record.id) + 1
         before: list[StoredEvent] = []
@@ -254,14 +253,19 @@ class Runtime:
             for call in turn.settle_unrun("run cancelled while waiting for review"):
                 before.append(_stored(record.id, seq, call.result_event()))
                 seq += 1
-            # Corrections queued before the pause were announced (``user_message``), so they are
+            # Steering messages queued before the pause were announced (``user_message``), so they are
             # never dropped: they join the tree after the results, where a resume puts them.
             for message in turn_messages(turn.calls, turn.steering, thread_id=record.thread_id, run_id=record.id, parent_id=turn.assistant_message_id):
                 await self.store.add_message(message)
         await self._write_final(record.id, _stored(record.id, seq, cancelled_event(record)), "cancelled", ("cancelling",), None, before)
 
     async def _write_final(
-        self, run_id: str, final: StoredEvent, status: str, allowed: tuple[str, ...], error: dict[str, Any] | None,
+        self,
+        run_id: str,
+        final: StoredEvent,
+        status: str,
+        allowed: tuple[str, ...],
+        error: dict[str, Any] | None,
         before: Sequence[StoredEvent] = (),
     ) -> bool:
         written = await self.store.finish_run(run_id, status=status, final_event=final, from_statuses=allowed, error=error, events_before=before)
@@ -270,13 +274,13 @@ class Runtime:
         return written
 
     async def steer(self, run_id: str, content: str) -> str:
-        """Send a correction into a running run (``user_message`` now, history before the next
+        """Steer a running run: send it a message (``user_message`` now, history before the next
         model call); returns the id its user message will have.
         :class:`~tether.errors.RunNotActive` unless the run is ``running``."""
         run = await self.store.get_run(run_id)
         executor = self._executors.get(run_id)
         if run.status != RunStatus.RUNNING or executor is None or executor.parked:
-            raise RunNotActive(f"run {run_id!r} is {run.status}; corrections go into running runs only", details={"status": run.status})
+            raise RunNotActive(f"run {run_id!r} is {run.status}; steering messages go into running runs only", details={"status": run.status})
         return executor.steer(content)
 
     # -- human review ----------------------------------------------------------------------
@@ -304,7 +308,7 @@ class Runtime:
         normalised = check_decisions(self.agent.tools, gated, decisions)
         public: list[dict[str, Any]] = []
         entries: list[AuditEntry] = []
-        for call, decision in zip(gated, normalised):
+        for call, decision in zip(gated, normalised, strict=True):
             call.decision = decision
             tool = self.agent.tools[call.name]
             shown = {k: v for k, v in decision.items() if k != "args"}
@@ -315,12 +319,27 @@ class Runtime:
             public.append(shown)
             entries.append(
                 AuditEntry(
-                    "decision", actor, thread_id, interrupt.run_id, interrupt_id, call.id, call.name,
-                    args_digest(tool.mask(call.args)), decision=decision["decision"], reason=decision.get("reason"), outcome="accepted", details=details,
+                    "decision",
+                    actor,
+                    thread_id,
+                    interrupt.run_id,
+                    interrupt_id,
+                    call.id,
+                    call.name,
+                    args_digest(tool.mask(call.args)),
+                    decision=decision["decision"],
+                    reason=decision.get("reason"),
+                    outcome="accepted",
+                    details=details,
                 )
             )
         resolved, event, run = await self.store.leave_pending(
-            interrupt_id, to_status="resolved", now=now, decisions=public, turn=turn.to_json(), actor=actor,
+            interrupt_id,
+            to_status="resolved",
+            now=now,
+            decisions=public,
+            turn=turn.to_json(),
+            actor=actor,
             make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public)),
             audit_entries=entries,
         )
@@ -335,14 +354,21 @@ class Runtime:
         turn = ParkedTurn.from_json(interrupt.turn)
         gated = turn.undecided
         public = [{"call_id": c.id, "decision": "expired"} for c in gated]
-        for call, decision in zip(gated, public):
+        for call, decision in zip(gated, public, strict=True):
             call.decision = decision
         try:
             resolved, event, run = await self.store.leave_pending(
-                interrupt.id, to_status="expired", now=utcnow(), decisions=public, turn=turn.to_json(), actor="system",
+                interrupt.id,
+                to_status="expired",
+                now=utcnow(),
+                decisions=public,
+                turn=turn.to_json(),
+                actor="system",
                 make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public)),
                 audit_entries=[
-                    AuditEntry("expired", "system", interrupt.thread_id, interrupt.run_id, interrupt.id, c.id, c.name, decision="expired", outcome="not_executed")
+                    AuditEntry(
+                        "expired", "system", interrupt.thread_id, interrupt.run_id, interrupt.id, c.id, c.name, decision="expired", outcome="not_executed"
+                    )
                     for c in gated
                 ],
             )
@@ -377,7 +403,6 @@ class Runtime:
         for run in claimed:
             self.launch(run, takeover=run.status != "queued")
             log.info("took over run %s (was %s)", run.id, run.status)
-
 
 
 async def _open_bus(store: Store) -> LocalBus:

@@ -34,7 +34,7 @@ from ._turn import CallItem
 if TYPE_CHECKING:
     from ..agent import Agent
     from ..store import RunRecord
-    from .eventlog import EventLog
+    from ._eventlog import EventLog
 
 __all__ = ["WAITING", "CheckpointRecovery", "LoggedRun"]
 
@@ -89,7 +89,7 @@ class LoggedRun:
 
 
 class CheckpointRecovery:
-    """The takeover half of :class:`~tether.runtime.runner.RunExecutor` (mixed into it)."""
+    """The takeover half of :class:`~tether.runtime._runner.RunExecutor` (mixed into it)."""
 
     store: Store
     agent: Agent
@@ -121,9 +121,7 @@ class CheckpointRecovery:
             path = path[:cut]
             await self.store.move_active_leaf(self.run.thread_id, path[-1].id if path else None)
         discarded = await self._repair_last_turn(path, logged)
-        self.events.emit(
-            Status(stage="recovering", detail="continuing from the last checkpoint after the server stopped", discard_message_id=discarded)
-        )
+        self.events.emit(Status(stage="recovering", detail="continuing from the last checkpoint after the server stopped", discard_message_id=discarded))
         self._leaf_id = path[-1].id if path else None
         path = await self.store.path_to(self.run.thread_id, self._leaf_id)
         last = path[-1] if path else None

@@ -95,8 +95,15 @@ class CallItem:
             detail = {k: v for k, v in (("error", self.error), ("reason", self.reason)) if v}
             content = json.dumps({"status": self.status, **detail}, ensure_ascii=False)
         return MessageRecord(
-            new_id("msg"), thread_id, parent_id, run_id, "tool", content,
-            tool_call_id=self.id, name=self.name, status="cancelled" if self.status == "cancelled" else "complete",
+            new_id("msg"),
+            thread_id,
+            parent_id,
+            run_id,
+            "tool",
+            content,
+            tool_call_id=self.id,
+            name=self.name,
+            status="cancelled" if self.status == "cancelled" else "complete",
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -114,21 +121,28 @@ class CallItem:
     def from_json(cls, data: dict[str, Any]) -> CallItem:
         """Read the JSON form back."""
         return cls(
-            id=data["id"], name=data["name"], args=data.get("args", {}), gated=bool(data.get("gated")),
-            status=data.get("status"), result=data.get("result"), error=data.get("error"), reason=data.get("reason"),
-            decision=data.get("decision"), outcome_unknown=bool(data.get("outcome_unknown")),
+            id=data["id"],
+            name=data["name"],
+            args=data.get("args", {}),
+            gated=bool(data.get("gated")),
+            status=data.get("status"),
+            result=data.get("result"),
+            error=data.get("error"),
+            reason=data.get("reason"),
+            decision=data.get("decision"),
+            outcome_unknown=bool(data.get("outcome_unknown")),
         )
 
 
 @dataclass(slots=True)
 class ParkedTurn:
-    """A model turn waiting for a human: every call in the model's order, and the corrections
+    """A model turn waiting for a human: every call in the model's order, and the steering messages
     that were queued when it parked (they join the history after the results)."""
 
     #: The assistant message that asked for the calls (the tool messages follow it).
     assistant_message_id: str | None
     calls: list[CallItem]
-    #: ``(message_id, content)`` of announced corrections not yet in the tree.
+    #: ``(message_id, content)`` of announced steering messages not yet in the tree.
     steering: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -163,7 +177,7 @@ class ParkedTurn:
 
 def turn_messages(calls: list[CallItem], steering: list[tuple[str, str]], *, thread_id: str, run_id: str, parent_id: str | None) -> list[MessageRecord]:
     """What a settled turn adds to the tree, chained from ``parent_id``: one tool message per
-    call in the model's order, then the corrections that were waiting for the results."""
+    call in the model's order, then the steering messages that were waiting for the results."""
     records: list[MessageRecord] = []
     for call in calls:
         records.append(call.message(thread_id=thread_id, run_id=run_id, parent_id=parent_id))

@@ -9,17 +9,18 @@ in ``views``; the error mapping lives in ``_errors``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 
 from .. import __version__
 from ..agent import Agent
 from ..runtime import Runtime
-from . import metrics, review, runs, threads
+from . import _metrics, _resume, _runs, _threads
 from ._errors import install_error_handlers
 from ._guard import RefuseNul
-from .ui import install_ui
+from ._ui import install_ui
 
 __all__ = ["create_app"]
 
@@ -53,11 +54,11 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0, lease_s: 
     app.state.sse_ping_s = sse_ping_s
     install_error_handlers(app)
     app.add_middleware(RefuseNul)
-    app.include_router(threads.router)
-    app.include_router(threads.messages_router)
-    app.include_router(runs.router)
-    app.include_router(review.router)
-    app.include_router(metrics.router)
+    app.include_router(_threads.router)
+    app.include_router(_threads.messages_router)
+    app.include_router(_runs.router)
+    app.include_router(_resume.router)
+    app.include_router(_metrics.router)
     for route in agent.routes:
         app.router.routes.append(route)
 

@@ -13,20 +13,22 @@ ANONYMOUS = "anonymous"
 
 def store_of(request: Request) -> Store:
     """The application's store."""
-    return request.app.state.store  # type: ignore[no-any-return]
+    store: Store = request.app.state.store
+    return store
 
 
 def runtime_of(request: Request) -> Runtime:
     """The application's runtime."""
-    return request.app.state.runtime  # type: ignore[no-any-return]
+    runtime: Runtime = request.app.state.runtime
+    return runtime
 
 
 def sse_ping_s_of(request: Request) -> float:
     """The longest an event stream stays silent before a ``: ping`` comment."""
-    return request.app.state.sse_ping_s  # type: ignore[no-any-return]
+    seconds: float = request.app.state.sse_ping_s
+    return seconds
 
 
 def actor_of(request: Request) -> str:
     """Who is calling (``anonymous`` until API keys are configured)."""
     return ANONYMOUS
-

@@ -29,7 +29,15 @@ _STATUS: list[tuple[type[TetherError], int]] = [
     (Forbidden, 403),
 ]
 
-_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed", 406: "not_acceptable", 415: "unsupported_media_type"}
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    415: "unsupported_media_type",
+}
 
 
 def error_response(status: int, code: str, message: str, details: Any = None) -> JSONResponse:
@@ -47,10 +55,7 @@ def status_for(exc: TetherError) -> int:
 
 def field_details(request: Request, fields: tuple[FieldError, ...]) -> list[dict[str, Any]]:
     """The ``details`` of an error about ``fields`` of ``request``, each located in the request."""
-    return [
-        {"loc": ["path" if f.loc and f.loc[0] in request.path_params else "body", *f.loc], "msg": f.msg, "type": f.type}
-        for f in fields
-    ]
+    return [{"loc": ["path" if f.loc and f.loc[0] in request.path_params else "body", *f.loc], "msg": f.msg, "type": f.type} for f in fields]
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -63,10 +68,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
         if any(e["type"] in ("json_invalid", "json_type") for e in errors):
             return error_response(400, "invalid_json", "the request body is not valid JSON", errors)
         fields = ", ".join(".".join(str(p) for p in e["loc"][1:]) or e["loc"][0] if e["loc"] else "body" for e in errors)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from starlette.responses import StreamingResponse
 
@@ -25,7 +25,9 @@ async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, pi
         yield "".join(encode_event(e.seq, e.type, e.envelope) for e in batch)
 
 
-def sse_response(store: Store, bus: LocalBus, run_id: str, *, after_seq: int, ping_s: float = 15.0, status_code: int = 200, headers: dict[str, str] | None = None) -> StreamingResponse:
+def sse_response(
+    store: Store, bus: LocalBus, run_id: str, *, after_seq: int, ping_s: float = 15.0, status_code: int = 200, headers: dict[str, str] | None = None
+) -> StreamingResponse:
     """Stream ``run_id`` from ``after_seq``: replay, live tail, close after the terminal event.
 
     Starlette ends the body when the client disconnects; that only unsubscribes, the run goes on.

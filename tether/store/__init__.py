@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from ..events import StoredEvent
 from ._engine import normalize_db_url
-from ._store import Store
-from .records import (
+from ._records import (
     ACTIVE_RUN_STATUSES,
     EXECUTOR_RUN_STATUSES,
     TERMINAL_RUN_STATUSES,
@@ -34,6 +33,7 @@ from .records import (
     args_digest,
     run_record,
 )
+from ._store import Store
 
 __all__ = [
     "Store",

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Self
+from typing import Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
@@ -59,7 +60,7 @@ class StoreBase:
         if url.startswith("sqlite"):
             path = sa.engine.make_url(url).database
             if path and path != ":memory:":
-                Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+                Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  # once, at start-up
             kwargs["connect_args"] = {"timeout": 30}
         else:
             kwargs.update(pool_size=5, max_overflow=10, pool_pre_ping=True)
@@ -151,7 +152,7 @@ async def _process_migration_lock() -> AsyncIterator[None]:
     Polled rather than acquired in a worker thread, so a cancelled open never leaves the lock
     taken by a thread nobody waits for.
     """
-    while not _MIGRATION_LOCK.acquire(blocking=False):
+    while not _MIGRATION_LOCK.acquire(blocking=False):  # noqa: ASYNC110  # a thread lock: no asyncio.Event to wait on
         await asyncio.sleep(0.005)
     try:
         yield

@@ -9,15 +9,16 @@ SQLite process has no one to tell.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..events import StoredEvent
-from . import notify
+from . import _notify as channels
 from ._engine import StoreBase
-from .tables import events
+from ._tables import events
 
 __all__ = ["EventStore"]
 
@@ -56,17 +57,15 @@ class EventStore(StoreBase):
         if self.is_sqlite:
             return  # one process: no one else to tell
         async with self._writing() as conn:
-            await _notify(conn, notify.CONTROL_CHANNEL, notify.control_payload(message, self.instance_id))
+            await _notify(conn, channels.CONTROL_CHANNEL, channels.control_payload(message, self.instance_id))
 
     # -- inside other transactions ---------------------------------------------------------
 
     async def _write_events(self, conn: AsyncConnection, run_id: str, batch: Sequence[StoredEvent]) -> None:
         """Insert ``batch`` in the caller's transaction and announce it on commit."""
-        await conn.execute(
-            events.insert(), [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for e in batch]
-        )
+        await conn.execute(events.insert(), [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for e in batch])
         if not self.is_sqlite:
-            await _notify(conn, notify.EVENTS_CHANNEL, notify.events_payload(self.instance_id, run_id, batch[-1].seq))
+            await _notify(conn, channels.EVENTS_CHANNEL, channels.events_payload(self.instance_id, run_id, batch[-1].seq))
 
     @staticmethod
     async def _next_seq(conn: AsyncConnection, run_id: str) -> int:

@@ -12,7 +12,8 @@ process, again by one conditional write.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -21,8 +22,7 @@ from .._ids import new_id, utcnow
 from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadBusy
 from ..events import Envelope, RunStarted, StoredEvent
 from ._events import EventStore
-from ._tree import splits_a_tool_turn
-from .records import (
+from ._records import (
     ACTIVE_RUN_STATUSES,
     EXECUTOR_RUN_STATUSES,
     AuditEntry,
@@ -33,7 +33,8 @@ from .records import (
     message_values,
     run_record,
 )
-from .tables import audit, interrupts, messages, runs, threads
+from ._tables import audit, interrupts, messages, runs, threads
+from ._tree import splits_a_tool_turn
 
 __all__ = ["RunStore"]
 
@@ -107,17 +108,20 @@ class RunStore(EventStore):
                 # nothing else has been written and the whole transaction rolls back.
                 await conn.execute(
                     runs.insert().values(
-                        id=run_id, thread_id=thread_id, status=RunStatus.QUEUED.value, config=config,
-                        input_message_id=message.id, created_at=now, **lease,
+                        id=run_id,
+                        thread_id=thread_id,
+                        status=RunStatus.QUEUED.value,
+                        config=config,
+                        input_message_id=message.id,
+                        created_at=now,
+                        **lease,
                     )
                 )
             except IntegrityError:
                 raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
             if content is not None:
                 await conn.execute(messages.insert().values(**message_values(message)))
-            await conn.execute(
-                threads.update().where(threads.c.id == thread_id).values(active_leaf_id=message.id, updated_at=now)
-            )
+            await conn.execute(threads.update().where(threads.c.id == thread_id).values(active_leaf_id=message.id, updated_at=now))
             started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message.id), now)
             stored = StoredEvent(1, started.type, started.to_json())
             await self._write_events(conn, run_id, [stored])
@@ -149,9 +153,7 @@ class RunStore(EventStore):
         ids = list(thread_ids)
         if not ids:
             return {}
-        query = sa.select(runs.c.thread_id, runs.c.id).where(
-            runs.c.thread_id.in_(ids), runs.c.status.in_(_values(ACTIVE_RUN_STATUSES))
-        )
+        query = sa.select(runs.c.thread_id, runs.c.id).where(runs.c.thread_id.in_(ids), runs.c.status.in_(_values(ACTIVE_RUN_STATUSES)))
         async with self._reading() as conn:
             return {row.thread_id: row.id for row in await conn.execute(query)}
 
@@ -167,9 +169,7 @@ class RunStore(EventStore):
         """``queued`` → ``running``; False if the run was not queued."""
         async with self._writing() as conn:
             result = await conn.execute(
-                runs.update()
-                .where(runs.c.id == run_id, runs.c.status == RunStatus.QUEUED.value)
-                .values(status=RunStatus.RUNNING.value, started_at=utcnow())
+                runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.QUEUED.value).values(status=RunStatus.RUNNING.value, started_at=utcnow())
             )
         return result.rowcount == 1
 
@@ -185,11 +185,7 @@ class RunStore(EventStore):
                 .values(status=RunStatus.CANCELLING.value, cancel_mode=mode, cancel_reason=reason, cancel_actor=actor)
             )
             if mode == "hard":
-                await conn.execute(
-                    runs.update()
-                    .where(runs.c.id == run_id, runs.c.status == RunStatus.CANCELLING.value)
-                    .values(cancel_mode="hard")
-                )
+                await conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.CANCELLING.value).values(cancel_mode="hard"))
             row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
         if row is None:
             raise NotFound(f"run {run_id!r} not found", code="run_not_found")
@@ -221,16 +217,12 @@ class RunStore(EventStore):
         if as_executor:
             condition.append(runs.c.executor_id == self.instance_id)
         async with self._writing() as conn:
-            result = await conn.execute(
-                runs.update().where(*condition).values(status=str(status), ended_at=utcnow(), error=error)
-            )
+            result = await conn.execute(runs.update().where(*condition).values(status=str(status), ended_at=utcnow(), error=error))
             if result.rowcount != 1:
                 return False  # nothing was written
             # A terminal run has no pending interrupt: nothing can approve its actions any more.
             await conn.execute(
-                interrupts.update()
-                .where(interrupts.c.run_id == run_id, interrupts.c.status == "pending")
-                .values(status="cancelled", resolved_at=utcnow())
+                interrupts.update().where(interrupts.c.run_id == run_id, interrupts.c.status == "pending").values(status="cancelled", resolved_at=utcnow())
             )
             await self._write_events(conn, run_id, [*events_before, final_event])
             if audit_entries:

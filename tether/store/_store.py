@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._review import ReviewStore
+from ._interrupts import ReviewStore
 from ._runs import RunStore
 from ._tree import TreeStore
 

@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .._ids import new_id, utcnow
 from ..errors import FieldError, InvalidRequest, NotFound, ThreadBusy
 from ._engine import StoreBase
-from .records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
-from .tables import has_active_run, messages, threads
+from ._records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
+from ._tables import has_active_run, messages, threads
 
 __all__ = ["TreeStore", "splits_a_tool_turn"]
 
@@ -32,9 +32,7 @@ class TreeStore(StoreBase):
         record = ThreadRecord(new_id("thr"), owner, dict(metadata or {}), None, now)
         async with self._writing() as conn:
             await conn.execute(
-                threads.insert().values(
-                    id=record.id, owner=owner, metadata=record.metadata, active_leaf_id=None, created_at=now, updated_at=now
-                )
+                threads.insert().values(id=record.id, owner=owner, metadata=record.metadata, active_leaf_id=None, created_at=now, updated_at=now)
             )
         return record
 
@@ -90,11 +88,7 @@ class TreeStore(StoreBase):
         """Append a message to its thread and make it the active leaf."""
         async with self._writing() as conn:
             await conn.execute(messages.insert().values(**message_values(message)))
-            await conn.execute(
-                threads.update()
-                .where(threads.c.id == message.thread_id)
-                .values(active_leaf_id=message.id, updated_at=utcnow())
-            )
+            await conn.execute(threads.update().where(threads.c.id == message.thread_id).values(active_leaf_id=message.id, updated_at=utcnow()))
         return message
 
     async def move_active_leaf(self, thread_id: str, message_id: str | None) -> None:
@@ -143,9 +137,7 @@ class TreeStore(StoreBase):
             leaf = newest_child[leaf]
         async with self._writing() as conn:
             result = await conn.execute(
-                threads.update()
-                .where(threads.c.id == thread_id, ~has_active_run(thread_id))
-                .values(active_leaf_id=leaf, updated_at=utcnow())
+                threads.update().where(threads.c.id == thread_id, ~has_active_run(thread_id)).values(active_leaf_id=leaf, updated_at=utcnow())
             )
         if result.rowcount != 1:
             raise ThreadBusy(f"thread {thread_id!r} has an active run; switch branches after it ends")
@@ -165,8 +157,14 @@ class TreeStore(StoreBase):
                 fields=[FieldError(("message_id",), f"message role is {original.role}", "role")],
             )
         edited = MessageRecord(
-            new_id("msg"), original.thread_id, original.parent_id, None, "assistant", content,
-            status="complete", edited_from_id=original.id,
+            new_id("msg"),
+            original.thread_id,
+            original.parent_id,
+            None,
+            "assistant",
+            content,
+            status="complete",
+            edited_from_id=original.id,
         )
         async with self._writing() as conn:
             result = await conn.execute(

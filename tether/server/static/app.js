@@ -385,12 +385,12 @@ function updateControls() {
   els.stop.hidden = !active || state === 'cancelling';
   els.stopNow.hidden = !active;
   if (active) {
-    els.send.replaceChildren('Send', h('span', { class: 'wide-only', text: ' correction' }));
+    els.send.replaceChildren('Send', h('span', { class: 'wide-only', text: ' to steer' }));
     const canSteer = state === 'streaming' || state === 'recovering';
     els.send.disabled = app.sending || !canSteer;
     els.input.placeholder = state === 'interrupted'
       ? 'Decide the request above (or Stop the run) before writing again.'
-      : 'Send a correction while the agent works… (Esc stops the run)';
+      : 'Steer the agent while it works… (Esc stops the run)';
   } else {
     els.send.replaceChildren('Send');
     els.send.disabled = app.sending;

@@ -1,7 +1,7 @@
 // @ts-nocheck
 /**
  * live-run.js — one run followed live: `RunStream` events become transcript parts (tokens
- * batched per animation frame, reasoning, tool cards, approval cards, corrections). A reload
+ * batched per animation frame, reasoning, tool cards, approval cards, steering messages). A reload
  * replays the run from seq 1 and rebuilds the same view. `report` records what was streamed,
  * so it can be compared with what the server stored (`compareWithServer`).
  */
@@ -149,7 +149,7 @@ export class LiveRun {
         break;
       }
       case 'user_message':
-        this.append(userBubble(data.content, { id: data.message_id, correction: true }));
+        this.append(userBubble(data.content, { id: data.message_id, steering: true }));
         this.current = null;
         break;
       case 'done':

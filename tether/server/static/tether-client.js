@@ -177,7 +177,7 @@ export class TetherClient {
   cancel(runId, mode = 'soft', reason) {
     return this.request('POST', `/v1/runs/${enc(runId)}/cancel`, reason ? { mode, reason } : { mode });
   }
-  /** Send a correction into a running run. */
+  /** Steer a running run: send it a message. */
   steer(runId, content) { return this.request('POST', `/v1/runs/${enc(runId)}/messages`, { content }); }
   /** One JSON page of stored events. @returns {Promise<Envelope[]>} */
   async events(runId, { afterSeq = 0, limit = 1000 } = {}) {

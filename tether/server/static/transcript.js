@@ -138,9 +138,9 @@ export function toolOutcome(message) {
 
 const MESSAGE_BADGES = { cancelled: 'stopped', failed: 'failed', partial: 'incomplete' };
 
-export function userBubble(text, { id = null, correction = false } = {}) {
-  return h('article', { class: `msg user${correction ? ' correction' : ''}`, dataset: { id, role: 'user' } },
-    h('div', { class: 'who', text: correction ? 'You (correction)' : 'You' }),
+export function userBubble(text, { id = null, steering = false } = {}) {
+  return h('article', { class: `msg user${steering ? ' steering' : ''}`, dataset: { id, role: 'user' } },
+    h('div', { class: 'who', text: steering ? 'You (steering)' : 'You' }),
     h('div', { class: 'text', text }));
 }
 

@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from tether.store.tables import metadata
+from tether.store._tables import metadata
 
 connection = context.config.attributes["connection"]
 context.configure(

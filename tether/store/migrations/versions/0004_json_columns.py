@@ -9,6 +9,8 @@ Revision ID: 0004
 Revises: 0003
 """
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
@@ -27,7 +29,7 @@ JSON_COLUMNS = {
 }
 
 
-def _retype(to_type: sa.types.TypeEngine, cast: str) -> None:
+def _retype(to_type: sa.types.TypeEngine[Any], cast: str) -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
     for table, columns in JSON_COLUMNS.items():

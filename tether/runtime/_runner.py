@@ -2,7 +2,7 @@
 
 A :class:`RunExecutor` is created per execution segment of a run and driven by
 :class:`~tether.runtime.Runtime`, which owns its task. Every event goes through the run's
-:class:`~tether.runtime.eventlog.EventLog` (durable before sent). The run ends with exactly one
+:class:`~tether.runtime._eventlog.EventLog` (durable before sent). The run ends with exactly one
 terminal event, written in the same transaction as the run's final status.
 
 **The event log is the truth.** A step's outcome is stored only once the events announcing it
@@ -39,30 +39,37 @@ import anyio
 
 from .._ids import new_id, utcnow
 from ..agent import Agent
-from ..errors import ModelError, RunNotActive
+from ..errors import EventLogFailed, ModelError, RunNotActive
 from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, ToolCall, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
 from ..tools import Tool, ToolArgsError, ToolContext
+from ._config import RunConfig
+from ._eventlog import EventLog
+from ._gate import action_request, is_gated, review_config
 from ._history import to_chat_messages
 from ._recovery import WAITING, CheckpointRecovery
 from ._turn import CallItem, ParkedTurn, turn_messages
-from .config import RunConfig
-from .eventlog import EventLog
-from .review import action_request, is_gated, review_config
 
-__all__ = ["RunExecutor", "CancelMode", "cancelled_event"]
+__all__ = ["RunExecutor", "CancelMode", "as_cancel_mode", "cancelled_event"]
 
 logger = logging.getLogger("tether.runtime")
 
 CancelMode = Literal["soft", "hard"]
 
 
+def as_cancel_mode(value: str | None) -> CancelMode:
+    """A stored or sent cancel mode as the executor takes it (anything but ``hard`` is soft)."""
+    return "hard" if value == "hard" else "soft"
+
+
 def cancelled_event(run: RunRecord, *, mode: CancelMode | None = None, partial_message_id: str | None = None) -> Cancelled:
     """The ``cancelled`` event that ends ``run``, from its recorded cancel request."""
     return Cancelled(
-        mode=run.cancel_mode or mode or "soft",  # type: ignore[arg-type]  # the store keeps "soft"/"hard"
-        reason=run.cancel_reason, actor=run.cancel_actor, partial_message_id=partial_message_id,
+        mode=as_cancel_mode(run.cancel_mode or mode),
+        reason=run.cancel_reason,
+        actor=run.cancel_actor,
+        partial_message_id=partial_message_id,
     )
 
 
@@ -88,9 +95,7 @@ class _ModelTurn:
 class RunExecutor(CheckpointRecovery):
     """Executes one run from its current state to a terminal event or a human pause."""
 
-    def __init__(
-        self, store: Store, bus: Any, agent: Agent, run: RunRecord, *, resume: InterruptRecord | None = None, takeover: bool = False
-    ) -> None:
+    def __init__(self, store: Store, bus: Any, agent: Agent, run: RunRecord, *, resume: InterruptRecord | None = None, takeover: bool = False) -> None:
         self.store = store
         self.agent = agent
         self.run = run
@@ -107,10 +112,10 @@ class RunExecutor(CheckpointRecovery):
         self._partial_message_id: str | None = None
         self._leaf_id: str | None = run.input_message_id
         if takeover and run.status == "cancelling":  # the dead process was already stopping it
-            self.cancel_mode = run.cancel_mode or "soft"  # type: ignore[assignment]  # the store keeps "soft"/"hard"
-        #: Corrections sent into the run, announced but not yet in the history.
+            self.cancel_mode = as_cancel_mode(run.cancel_mode)
+        #: Steering messages sent into the run, announced but not yet in the history.
         self._steering: list[tuple[str, str]] = []
-        #: False once the run is about to end: a correction then gets 409 instead of being lost.
+        #: False once the run is about to end: a steering message then gets 409 instead of being lost.
         self.accepting_messages = True
         #: True once the run is parked on an interrupt: this executor is done with it, and a
         #: resume may start the next one even before this task has finished closing.
@@ -134,7 +139,7 @@ class RunExecutor(CheckpointRecovery):
             self._tools_scope.cancel()
 
     def steer(self, content: str) -> str:
-        """Queue a user correction: announced now, in the history before the next model call."""
+        """Queue a steering message: announced now, in the history before the next model call."""
         if not self.accepting_messages or self.cancel_mode:
             raise RunNotActive(f"run {self.run.id!r} is finishing and takes no more messages")
         message_id = new_id("msg")
@@ -144,7 +149,7 @@ class RunExecutor(CheckpointRecovery):
         return message_id
 
     async def _take_steering(self, history: list[ChatMessage]) -> None:
-        """Attach queued corrections to the tree (after the current leaf) and the history."""
+        """Attach queued steering messages to the tree (after the current leaf) and the history."""
         if self._steering:
             await self.events.wait_for_idle()  # their ``user_message`` events first
         while self._steering:
@@ -160,7 +165,7 @@ class RunExecutor(CheckpointRecovery):
         """Run to a terminal state or a pause. Outside cancellation propagates, leaving the run as is."""
         events = EventLog(self.store, self._bus, self.run.id, next_seq=await self.store.last_seq(self.run.id) + 1)
         events.start()
-        for message_id, content in self._steering:  # corrections that came before the log
+        for message_id, content in self._steering:  # steering messages that came before the log
             events.emit(UserMessage(message_id=message_id, content=content))
         self._events = events
         try:
@@ -186,7 +191,7 @@ class RunExecutor(CheckpointRecovery):
             current = await self.store.get_run(self.run.id)
             if current.status != "cancelling":
                 return WAITING  # someone else owns it, or it is terminal: nothing to finish here
-            self.cancel_mode = current.cancel_mode or "soft"  # type: ignore[assignment]  # the store keeps "soft"/"hard"
+            self.cancel_mode = as_cancel_mode(current.cancel_mode)
         return await self._loop(to_chat_messages(await self.store.path_to(self.run.thread_id, self.run.input_message_id)))
 
     async def _loop(self, history: list[ChatMessage]) -> Event | object:
@@ -212,7 +217,7 @@ class RunExecutor(CheckpointRecovery):
             # (then ``cancelled``, and nothing new starts): no tool call is left dangling.
             if not turn.calls:
                 if self._steering:
-                    continue  # a correction arrived during the last turn: one more model call
+                    continue  # a steering message arrived during the last turn: one more model call
                 self.accepting_messages = False
                 return Done(message_id=turn.message_id)
             results = await self._handle_calls(turn.calls)
@@ -304,8 +309,12 @@ class RunExecutor(CheckpointRecovery):
             shown = _masked_args(tool, request.args)
             self.events.emit(
                 ToolCall(
-                    call_id=request.id, name=request.name, args=_json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
-                    risk=tool.risk if tool else "read_only", gated=call.gated, message_id=message_id,
+                    call_id=request.id,
+                    name=request.name,
+                    args=_json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
+                    risk=tool.risk if tool else "read_only",
+                    gated=call.gated,
+                    message_id=message_id,
                 )
             )
         return calls
@@ -341,8 +350,15 @@ class RunExecutor(CheckpointRecovery):
             await self.store.add_audit(
                 [
                     AuditEntry(
-                        "tool_executed", "system", self.run.thread_id, self.run.id, self.resume.id if self.resume else None,
-                        c.id, c.name, args_digest(self.agent.tools[c.name].mask(c.args)), outcome=c.status or "cancelled",
+                        "tool_executed",
+                        "system",
+                        self.run.thread_id,
+                        self.run.id,
+                        self.resume.id if self.resume else None,
+                        c.id,
+                        c.name,
+                        args_digest(self.agent.tools[c.name].mask(c.args)),
+                        outcome=c.status or "cancelled",
                     )
                     for c in calls
                 ]
@@ -366,7 +382,7 @@ class RunExecutor(CheckpointRecovery):
     async def _park(self, calls: list[CallItem], gated: list[CallItem]) -> bool:
         """Open one interrupt for the gated calls; False if a cancel came first.
 
-        Corrections queued so far travel with the parked turn and join the history after the
+        Steering messages queued so far travel with the parked turn and join the history after the
         tool results when the run resumes; from here on, new ones get 409 (the run waits).
         """
         self.accepting_messages = False
@@ -375,8 +391,8 @@ class RunExecutor(CheckpointRecovery):
         now = utcnow()
         expires = now + timedelta(seconds=ttl)
         interrupt_id = new_id("int")
-        requests = [action_request(t, c.id, c.args) for t, c in zip(tools, gated)]
-        for request, call in zip(requests, gated):
+        requests = [action_request(t, c.id, c.args) for t, c in zip(tools, gated, strict=True)]
+        for request, call in zip(requests, gated, strict=True):
             if call.outcome_unknown:
                 request["outcome_unknown"] = True
                 request["description"] = "Outcome unknown — the server stopped while this ran. Run it again? " + request["description"]
@@ -385,7 +401,18 @@ class RunExecutor(CheckpointRecovery):
         event = self.events.seal(Interrupt(interrupt_id=interrupt_id, action_requests=requests, review_configs=configs, expires_at=format_ts(expires)))
         turn = ParkedTurn(self._leaf_id, calls, list(self._steering))
         record = InterruptRecord(
-            interrupt_id, self.run.id, self.run.thread_id, "pending", requests, configs, turn.to_json(), None, None, now, expires, None,
+            interrupt_id,
+            self.run.id,
+            self.run.thread_id,
+            "pending",
+            requests,
+            configs,
+            turn.to_json(),
+            None,
+            None,
+            now,
+            expires,
+            None,
         )
         if await self.store.open_interrupt(record, event):
             self.parked = True
@@ -433,9 +460,9 @@ class RunExecutor(CheckpointRecovery):
         self.accepting_messages = False
         try:
             await self.events.wait_for_idle()
-            if self._steering:  # announced corrections are never dropped: they join the tree
+            if self._steering:  # announced steering messages are never dropped: they join the tree
                 await self._take_steering([])
-        except RuntimeError:
+        except EventLogFailed:
             # The log could not commit: end the run right after what *is* stored, so followers
             # still get a terminal event and seq stays gapless.
             self.events.restart_at(await self.store.last_seq(self.run.id) + 1)

@@ -3,7 +3,7 @@
 With several server processes on one PostgreSQL, a run executes in one process while its
 followers may be connected to any other. Every transaction that appends events also sends
 ``NOTIFY tether_events, '<origin> <run_id> <seq>'`` (the channels and payloads are defined once,
-in ``store/notify.py``); PostgreSQL delivers it on commit, so a notification never announces an
+in ``store/_notify.py``); PostgreSQL delivers it on commit, so a notification never announces an
 event that is not durable. Each process listens on one dedicated connection and, for runs it
 has followers of, marks their subscriptions *stale*: they catch up from the store (the same
 gapless path as any reconnect). Its own notifications it ignores: local followers already got
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import asyncpg
 
-from ..store.notify import CONTROL_CHANNEL, EVENTS_CHANNEL, parse_control_payload, parse_events_payload
-from .bus import LocalBus
+from ..store._notify import CONTROL_CHANNEL, EVENTS_CHANNEL, parse_control_payload, parse_events_payload
+from ._bus import LocalBus
 
 __all__ = ["PostgresBus"]
 
@@ -92,7 +93,7 @@ class PostgresBus(LocalBus):
             try:
                 await self._supervisor
             except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                if (task := asyncio.current_task()) is not None and task.cancelling():
                     raise  # we are being cancelled ourselves, not just our supervisor
         if self._conn is not None and not self._conn.is_closed():
             await self._conn.close()

@@ -9,7 +9,8 @@ A call is *gated* when its tool's risk is at or above the run's ``approval_thres
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import FieldError, Forbidden, InvalidRequest
 from ..tools import RISK_ORDER, Tool, ToolArgsError, mask_value
@@ -67,7 +68,7 @@ def check_decisions(tools: dict[str, Tool], gated_calls: Sequence[CallItem], dec
             fields=[FieldError(("decisions",), f"expected {len(gated_calls)} items", "length")],
         )
     normalised: list[dict[str, Any]] = []
-    for index, (call, decision) in enumerate(zip(gated_calls, decisions)):
+    for index, (call, decision) in enumerate(zip(gated_calls, decisions, strict=True)):
         tool = tools.get(call.name)
         kind = decision["decision"]
         allowed = tool.allowed_decisions if tool else ("reject",)
@@ -83,6 +84,7 @@ def check_decisions(tools: dict[str, Tool], gated_calls: Sequence[CallItem], dec
         elif kind == "respond":
             entry["message"] = decision["message"]
         elif kind == "edit":
+            assert tool is not None  # a vanished tool allows only reject
             entry["args"] = _edited_args(tool, index, call.args, decision["args"])
         normalised.append(entry)
     return normalised

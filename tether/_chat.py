@@ -12,8 +12,9 @@ import asyncio
 import json
 import signal
 import sys
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import click
 
@@ -23,8 +24,8 @@ __all__ = ["run_chat"]
 
 
 def _remaining(expires_at: str) -> str:
-    end = datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
-    seconds = max(0, int((end - datetime.now(timezone.utc)).total_seconds()))
+    end = datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    seconds = max(0, int((end - datetime.now(UTC)).total_seconds()))
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
@@ -62,7 +63,7 @@ class _Chat:
         try:
             while True:
                 interrupt: dict[str, Any] | None = None
-                async for event in self.client.stream(run_id, after_seq=last):
+                async for event in self.client.follow(run_id, after_seq=last):
                     last = event.seq
                     self._show(event.type, event.data)
                     if event.type == "interrupt":
@@ -103,7 +104,7 @@ class _Chat:
     async def _review(self, run_id: str, interrupt: dict[str, Any]) -> None:
         decisions: list[dict[str, Any]] = []
         click.secho(f"\n⏸  Review needed — expires in {_remaining(interrupt['expires_at'])}", fg="magenta", bold=True)
-        for request, config in zip(interrupt["action_requests"], interrupt["review_configs"]):
+        for request, config in zip(interrupt["action_requests"], interrupt["review_configs"], strict=True):
             allowed = config["allowed_decisions"]
             click.secho(f"  {request['description']}", bold=True)
             click.echo(f"  {request['action']} {json.dumps(request['args'], ensure_ascii=False)}")
@@ -130,7 +131,7 @@ class _Chat:
                     continue
                 break
         try:
-            await self.client.decide(self.thread_id, interrupt["interrupt_id"], decisions)
+            await self.client.resume(self.thread_id, interrupt["interrupt_id"], decisions)
         except APIError as exc:
             click.secho(f"  [{exc.status} {exc.code}] {exc.message}", fg="red")
             if exc.status in (403, 422):
@@ -189,7 +190,7 @@ class _Chat:
                 step = -1 if direction.strip() in ("prev", "<", "-") else 1
                 siblings = target["sibling_ids"]
                 new_index = (target["sibling_index"] + step) % len(siblings)
-                await self.client.switch_branch(self.thread_id, siblings[new_index])
+                await self.client.set_active_leaf(self.thread_id, siblings[new_index])
                 await self.show_path()
             else:
                 click.echo("commands: /history, /edit N text, /regenerate, /branch N next|prev, /quit")
@@ -235,9 +236,9 @@ async def run_chat(url: str, thread_id: str | None, ask: Callable[[str], str] = 
         if thread_id is None:
             thread_id = (await client.create_thread({"client": "tether chat"}))["id"]
         click.secho(
-            f"thread {thread_id} — Ctrl-C stops a run (twice: at once); /history, /edit N text, /regenerate, "
-            "/branch N next|prev, /quit",
-            dim=True, err=True,
+            f"thread {thread_id} — Ctrl-C stops a run (twice: at once); /history, /edit N text, /regenerate, /branch N next|prev, /quit",
+            dim=True,
+            err=True,
         )
         await _Chat(client, thread_id, ask).loop()
 

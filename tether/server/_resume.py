@@ -8,8 +8,8 @@ from fastapi import APIRouter, Query, Request
 
 from ..errors import InvalidRequest
 from ._deps import actor_of, runtime_of, store_of
-from .schemas import ResumeThread
-from .views import audit_entry_view, load_run_view
+from ._schemas import ResumeThread
+from ._views import audit_entry_view, load_run_view
 
 router = APIRouter(tags=["review"])
 

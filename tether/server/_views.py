@@ -8,8 +8,9 @@ interrupt, a thread's active run).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 from .._ids import utcnow
 from ..events import format_ts
@@ -56,11 +57,7 @@ def run_view(run: RunRecord, *, pending_interrupt: dict[str, Any] | None = None)
         "started_at": _ts(run.started_at),
         "ended_at": _ts(run.ended_at),
         "error": run.error,
-        "cancel": (
-            {"mode": run.cancel_mode, "reason": run.cancel_reason, "actor": run.cancel_actor}
-            if run.cancel_mode
-            else None
-        ),
+        "cancel": ({"mode": run.cancel_mode, "reason": run.cancel_reason, "actor": run.cancel_actor} if run.cancel_mode else None),
         "pending_interrupt": pending_interrupt,
     }
 
@@ -88,7 +85,7 @@ def message_view(message: MessageRecord, *, sibling_ids: Sequence[str] | None = 
 
 
 def queued_message_view(message_id: str, run: RunRecord, content: str) -> dict[str, Any]:
-    """A correction sent into a running run: queued until the run's next model call."""
+    """A steering message sent into a running run: queued until the run's next model call."""
     return {"id": message_id, "run_id": run.id, "thread_id": run.thread_id, "role": "user", "content": content, "status": "queued"}
 
 

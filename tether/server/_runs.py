@@ -10,9 +10,9 @@ from fastapi.responses import JSONResponse, Response
 from ..errors import InvalidRequest
 from ..store import RunRecord
 from ._deps import actor_of, runtime_of, sse_ping_s_of, store_of
+from ._schemas import CancelRun, CreateRun, MessageContent
 from ._sse import sse_response
-from .schemas import CancelRun, CreateRun, MessageContent
-from .views import load_run_view, queued_message_view, run_view
+from ._views import load_run_view, queued_message_view, run_view
 
 router = APIRouter(tags=["runs"])
 
@@ -73,12 +73,14 @@ async def run_events(
             start = int(last_event_id)
         except ValueError:
             raise InvalidRequest(
-                "Last-Event-ID must be an event seq (an integer)", code="invalid_last_event_id",
+                "Last-Event-ID must be an event seq (an integer)",
+                code="invalid_last_event_id",
                 details=[{"loc": ["header", "Last-Event-ID"], "msg": "not an integer", "type": "int_parsing"}],
             ) from None
         if not 0 <= start <= MAX_SEQ:
             raise InvalidRequest(
-                f"Last-Event-ID must be an event seq between 0 and {MAX_SEQ}", code="invalid_last_event_id",
+                f"Last-Event-ID must be an event seq between 0 and {MAX_SEQ}",
+                code="invalid_last_event_id",
                 details=[{"loc": ["header", "Last-Event-ID"], "msg": "out of range", "type": "less_than_equal"}],
             )
     store = store_of(request)
@@ -92,7 +94,7 @@ async def run_events(
 
 @router.post("/v1/runs/{run_id}/messages", status_code=202)
 async def steer_run(request: Request, run_id: str, body: MessageContent) -> dict[str, Any]:
-    """Send a correction into a running run; 409 ``run_not_active`` unless it is ``running``."""
+    """Steer a running run: send it a message; 409 ``run_not_active`` unless it is ``running``."""
     run = await _visible_run(request, run_id)
     message_id = await runtime_of(request).steer(run_id, body.content)
     return queued_message_view(message_id, run, body.content)

@@ -196,7 +196,7 @@ def args_digest(args: Any) -> str:
 
 def thread_record(row: Any) -> ThreadRecord:
     """A :class:`ThreadRecord` from a ``threads`` row."""
-    return ThreadRecord(row.id, row.owner, row.metadata or {}, row.active_leaf_id, as_utc(row.created_at))  # type: ignore[arg-type]
+    return ThreadRecord(row.id, row.owner, row.metadata or {}, row.active_leaf_id, as_utc(row.created_at))
 
 
 def run_record(row: Any) -> RunRecord:
@@ -207,7 +207,7 @@ def run_record(row: Any) -> RunRecord:
         status=RunStatus(row.status),
         config=row.config or {},
         input_message_id=row.input_message_id,
-        created_at=as_utc(row.created_at),  # type: ignore[arg-type]
+        created_at=as_utc(row.created_at),
         started_at=as_utc(row.started_at),
         ended_at=as_utc(row.ended_at),
         error=row.error,
@@ -232,7 +232,7 @@ def message_record(row: Any) -> MessageRecord:
         tool_call_id=row.tool_call_id,
         name=row.name,
         status=row.status,
-        created_at=as_utc(row.created_at),  # type: ignore[arg-type]
+        created_at=as_utc(row.created_at),
         edited_from_id=row.edited_from_id,
     )
 
@@ -267,8 +267,8 @@ def interrupt_record(row: Any) -> InterruptRecord:
         turn=row.turn,
         decisions=row.decisions,
         resolved_by=row.resolved_by,
-        created_at=as_utc(row.created_at),  # type: ignore[arg-type]
-        expires_at=as_utc(row.expires_at),  # type: ignore[arg-type]
+        created_at=as_utc(row.created_at),
+        expires_at=as_utc(row.expires_at),
         resolved_at=as_utc(row.resolved_at),
     )
 

@@ -9,8 +9,9 @@ concurrent cancel.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -18,8 +19,8 @@ from .._ids import as_utc
 from ..errors import InterruptExpired, InterruptResolved, NotFound
 from ..events import StoredEvent, format_ts
 from ._events import EventStore
-from .records import AuditEntry, InterruptRecord, RunRecord, RunStatus, audit_entry, interrupt_record, run_record
-from .tables import audit, interrupts, runs
+from ._records import AuditEntry, InterruptRecord, RunRecord, RunStatus, audit_entry, interrupt_record, run_record
+from ._tables import audit, interrupts, runs
 
 __all__ = ["ReviewStore"]
 
@@ -44,10 +45,18 @@ class ReviewStore(EventStore):
                 return False
             await conn.execute(
                 interrupts.insert().values(
-                    id=record.id, run_id=record.run_id, thread_id=record.thread_id, status="pending",
-                    action_requests=record.action_requests, review_configs=record.review_configs,
-                    turn=record.turn, decisions=None, resolved_by=None,
-                    created_at=record.created_at, expires_at=record.expires_at, resolved_at=None,
+                    id=record.id,
+                    run_id=record.run_id,
+                    thread_id=record.thread_id,
+                    status="pending",
+                    action_requests=record.action_requests,
+                    review_configs=record.review_configs,
+                    turn=record.turn,
+                    decisions=None,
+                    resolved_by=None,
+                    created_at=record.created_at,
+                    expires_at=record.expires_at,
+                    resolved_at=None,
                 )
             )
             await self._write_events(conn, record.run_id, [event])
@@ -79,12 +88,7 @@ class ReviewStore(EventStore):
 
     async def due_interrupts(self, now: datetime, *, limit: int = 100) -> list[InterruptRecord]:
         """Pending interrupts whose ``expires_at`` has passed."""
-        query = (
-            interrupts.select()
-            .where(interrupts.c.status == "pending", interrupts.c.expires_at <= now)
-            .order_by(interrupts.c.expires_at)
-            .limit(limit)
-        )
+        query = interrupts.select().where(interrupts.c.status == "pending", interrupts.c.expires_at <= now).order_by(interrupts.c.expires_at).limit(limit)
         async with self._reading() as conn:
             return [interrupt_record(r) for r in await conn.execute(query)]
 
@@ -98,7 +102,8 @@ class ReviewStore(EventStore):
         """The earliest ``expires_at`` of any pending interrupt."""
         query = sa.select(sa.func.min(interrupts.c.expires_at)).where(interrupts.c.status == "pending")
         async with self._reading() as conn:
-            return as_utc((await conn.execute(query)).scalar())
+            earliest: datetime | None = (await conn.execute(query)).scalar()
+        return as_utc(earliest)
 
     async def leave_pending(
         self,
@@ -146,8 +151,18 @@ class ReviewStore(EventStore):
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
             run_row = (await conn.execute(runs.select().where(runs.c.id == current.run_id))).first()
         updated = InterruptRecord(
-            current.id, current.run_id, current.thread_id, to_status, current.action_requests, current.review_configs,
-            turn, decisions, actor, current.created_at, current.expires_at, now,
+            current.id,
+            current.run_id,
+            current.thread_id,
+            to_status,
+            current.action_requests,
+            current.review_configs,
+            turn,
+            decisions,
+            actor,
+            current.created_at,
+            current.expires_at,
+            now,
         )
         return updated, event, run_record(run_row)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from ..events import StoredEvent
 
@@ -41,7 +41,7 @@ class Subscription:
         self.stale = True
         self._wakeup.set()
 
-    async def wait_for_events(self, timeout: float) -> list[StoredEvent] | None:
+    async def wait_for_events(self, timeout: float) -> list[StoredEvent] | None:  # noqa: ASYNC109  # the follower's ping interval, not a deadline
         """The events published since the last call; ``None`` if ``timeout`` passed with none.
 
         Check :attr:`stale` after a return: when set, read the store too.

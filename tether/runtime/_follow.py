@@ -10,21 +10,18 @@ client went away) only unsubscribes: the run is not touched.
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
-from ..events import TERMINAL_TYPES
-from ..events import StoredEvent
+from ..events import TERMINAL_TYPES, StoredEvent
 from ..store import Store
-from .bus import LocalBus
+from ._bus import LocalBus
 
 __all__ = ["follow_run"]
 
 _PAGE = 2000
 
 
-async def follow_run(
-    store: Store, bus: LocalBus, run_id: str, *, after_seq: int = 0, idle_timeout: float = 15.0
-) -> AsyncIterator[list[StoredEvent]]:
+async def follow_run(store: Store, bus: LocalBus, run_id: str, *, after_seq: int = 0, idle_timeout: float = 15.0) -> AsyncIterator[list[StoredEvent]]:
     """Yield batches of events with ``seq > after_seq`` in order; an empty batch after
     ``idle_timeout`` seconds without events (time for a keep-alive)."""
     last = after_seq

@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..events import Envelope, Event, now_ts
-from ..events import StoredEvent
+from ..errors import EventLogFailed
+from ..events import Envelope, Event, StoredEvent, now_ts
 from ..store import Store
 
 if TYPE_CHECKING:
-    from .bus import LocalBus
+    from ._bus import LocalBus
 
 __all__ = ["EventLog"]
 
@@ -71,7 +71,7 @@ class EventLog:
 
     def _claim(self) -> int:
         if self._failure is not None:
-            raise RuntimeError("event log failed") from self._failure
+            raise EventLogFailed("event log failed") from self._failure
         seq = self._next_seq
         self._next_seq += 1
         return seq
@@ -110,7 +110,7 @@ class EventLog:
         """Wait until everything emitted so far is committed and published."""
         await self._idle.wait()
         if self._failure is not None:
-            raise RuntimeError("event log failed") from self._failure
+            raise EventLogFailed("event log failed") from self._failure
 
     async def _flush_loop(self) -> None:
         busy = False  # events arrived while the last commit was in flight
@@ -142,5 +142,5 @@ class EventLog:
                 try:
                     await self._flusher
                 except asyncio.CancelledError:
-                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    if (task := asyncio.current_task()) is not None and task.cancelling():
                         raise

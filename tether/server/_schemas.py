@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from ..runtime.config import RunConfig
+from ..runtime._config import RunConfig
 
 __all__ = ["CreateThread", "RunInput", "CreateRun", "CancelRun", "SetActiveLeaf", "MessageContent", "ResumeThread", "DecisionBody"]
 

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Query, Request
 
 from ..store import MessageRecord
 from ._deps import actor_of, store_of
-from .schemas import CreateThread, MessageContent, SetActiveLeaf
-from .views import load_thread_views, message_view, thread_view
+from ._schemas import CreateThread, MessageContent, SetActiveLeaf
+from ._views import load_thread_views, message_view, thread_view
 
 router = APIRouter(prefix="/v1/threads", tags=["threads"])
 

@@ -7,12 +7,12 @@ process that shares it.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from .records import ACTIVE_RUN_STATUSES
+from ._records import ACTIVE_RUN_STATUSES
 
 __all__ = ["metadata", "threads", "messages", "runs", "events", "interrupts", "audit", "ACTIVE_RUN_STATUSES", "ACTIVE_RUN_SQL", "has_active_run"]
 
@@ -38,12 +38,12 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 Timestamp = UTCDateTime()

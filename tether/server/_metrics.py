@@ -7,7 +7,7 @@ runtime. Each application has its own registry, so several apps in one process d
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -51,7 +51,8 @@ def _snapshot_of(request: Request) -> tuple[CollectorRegistry, _Snapshot]:
         snapshot = _Snapshot()
         registry.register(snapshot)
         state.metrics = (registry, snapshot)
-    return state.metrics  # type: ignore[no-any-return]
+    metrics: tuple[CollectorRegistry, _Snapshot] = state.metrics
+    return metrics
 
 
 @router.get("/metrics", include_in_schema=False)
