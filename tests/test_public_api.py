@@ -72,3 +72,11 @@ def test_the_version_is_written_once() -> None:
     from importlib.metadata import version
 
     assert version("tether") == tether.__version__
+
+
+def test_no_module_of_the_package_is_over_500_lines() -> None:
+    from pathlib import Path
+
+    root = Path(tether.__file__).parent
+    sizes = {str(p.relative_to(root)): len(p.read_text().splitlines()) for p in root.rglob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 500} == {}

@@ -28,7 +28,6 @@ outside cancellation propagates untouched and leaves the run for recovery.
 
 from __future__ import annotations
 
-import json
 import logging
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from ._eventlog import EventLog
 from ._gate import action_request, is_gated, review_config
 from ._history import to_chat_messages
 from ._recovery import WAITING, CheckpointRecovery
-from ._turn import CallItem, ParkedTurn, turn_messages
+from ._turn import CallItem, ParkedTurn, json_safe, masked_args, parse_args, turn_messages
 
 __all__ = ["RunExecutor", "CancelMode", "as_cancel_mode", "cancelled_event"]
 
@@ -71,14 +70,6 @@ def cancelled_event(run: RunRecord, *, mode: CancelMode | None = None, partial_m
         actor=run.cancel_actor,
         partial_message_id=partial_message_id,
     )
-
-
-def _json_safe(value: Any) -> Any:
-    """Make a value JSON-safe (the event log, the store and the model need JSON)."""
-    try:
-        return json.loads(json.dumps(value, default=str))
-    except (TypeError, ValueError):
-        return str(value)
 
 
 @dataclass(slots=True)
@@ -179,8 +170,13 @@ class RunExecutor(CheckpointRecovery):
             await events.aclose()
 
     async def _run_segment(self) -> Event | object:
-        """From where this segment starts (new, resumed, taken over) to an outcome or WAITING."""
+        """From where this segment starts (new, resumed, taken over) to an outcome, or WAITING
+        when this executor has nothing (more) to finish."""
         if self.takeover:
+            if (await self.store.get_run(self.run.id)).terminal:
+                # Claimed just as its previous executor in this process ended it: that one was
+                # gone when this one was launched, so its final write is committed. Nothing to do.
+                return WAITING
             recovered = await self.recover_checkpoint()
             if recovered is WAITING or isinstance(recovered, Event):
                 return recovered
@@ -274,7 +270,7 @@ class RunExecutor(CheckpointRecovery):
             await self._store_turn(message.id, content=text, status="failed")
             return _ModelTurn(message.id, text, [], [], failure)
         calls = self._announce_calls(message.id, requests)
-        stored_calls = [{"id": r.id, "name": r.name, "args": _json_safe(_masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
+        stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
         await self._store_turn(message.id, content=text, status="complete", tool_calls=stored_calls or None)
         self._partial_message_id = None
         return _ModelTurn(message.id, text, requests, calls)
@@ -301,17 +297,17 @@ class RunExecutor(CheckpointRecovery):
                 call.settle("error", error=f"unknown tool {request.name!r}; available: {', '.join(self.agent.tools) or 'none'}")
             else:
                 try:
-                    call.args = _json_safe(tool.validate(request.args if isinstance(request.args, dict) else _parse_args(request.args)))
+                    call.args = json_safe(tool.validate(request.args if isinstance(request.args, dict) else parse_args(request.args)))
                     call.gated = is_gated(tool, threshold)
                 except ToolArgsError as exc:
                     call.settle("error", error=str(exc))
             calls.append(call)
-            shown = _masked_args(tool, request.args)
+            shown = masked_args(tool, request.args)
             self.events.emit(
                 ToolCall(
                     call_id=request.id,
                     name=request.name,
-                    args=_json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
+                    args=json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
                     risk=tool.risk if tool else "read_only",
                     gated=call.gated,
                     message_id=message_id,
@@ -376,7 +372,7 @@ class RunExecutor(CheckpointRecovery):
         except Exception as exc:
             call.settle("error", error=f"{type(exc).__name__}: {exc}")
         else:
-            call.settle("ok", result=_json_safe(value))
+            call.settle("ok", result=json_safe(value))
         self.events.emit(call.result_event())
 
     async def _park(self, calls: list[CallItem], gated: list[CallItem]) -> bool:
@@ -491,24 +487,3 @@ class RunExecutor(CheckpointRecovery):
         final = self.events.seal(cancelled_event(current, mode=self.cancel_mode, partial_message_id=self._partial_message_id))
         if await self.store.finish_run(self.run.id, status="cancelled", final_event=final, from_statuses=("cancelling",), as_executor=True):
             self.events.publish_final(final)
-
-
-def _masked_args(tool: Tool | None, args: dict[str, Any] | str) -> Any:
-    """The call's args as events and the stored history show them: sensitive values masked.
-
-    Args given as JSON text are parsed first (they are what the tool will get); text that does
-    not parse is shown as is, unless the tool has sensitive args: then it may hold one, unmasked.
-    """
-    if isinstance(args, str):
-        parsed = _parse_args(args)
-        if not isinstance(parsed, dict):
-            return "****" if tool is not None and tool.sensitive_args else args
-        args = parsed
-    return tool.mask(args) if tool is not None else args
-
-
-def _parse_args(raw: str) -> Any:
-    try:
-        return json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        return raw

@@ -20,8 +20,9 @@ from typing import Any
 from .._ids import new_id
 from ..events import ToolResult, ToolStatus
 from ..store import MessageRecord
+from ..tools import Tool
 
-__all__ = ["CallItem", "ParkedTurn", "turn_messages"]
+__all__ = ["CallItem", "ParkedTurn", "json_safe", "masked_args", "parse_args", "turn_messages"]
 
 #: What a decision that does not run the tool records (``approve``/``edit`` run it).
 _NOT_RUN: dict[str, tuple[ToolStatus, str]] = {
@@ -186,3 +187,32 @@ def turn_messages(calls: list[CallItem], steering: list[tuple[str, str]], *, thr
         records.append(MessageRecord(message_id, thread_id, parent_id, run_id, "user", content))
         parent_id = message_id
     return records
+
+
+def json_safe(value: Any) -> Any:
+    """Make a value JSON-safe (the event log, the store and the model need JSON)."""
+    try:
+        return json.loads(json.dumps(value, default=str))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def masked_args(tool: Tool | None, args: dict[str, Any] | str) -> Any:
+    """The call's args as events and the stored history show them: sensitive values masked.
+
+    Args given as JSON text are parsed first (they are what the tool will get); text that does
+    not parse is shown as is, unless the tool has sensitive args: then it may hold one, unmasked.
+    """
+    if isinstance(args, str):
+        parsed = parse_args(args)
+        if not isinstance(parsed, dict):
+            return "****" if tool is not None and tool.sensitive_args else args
+        args = parsed
+    return tool.mask(args) if tool is not None else args
+
+
+def parse_args(raw: str) -> Any:
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        return raw
