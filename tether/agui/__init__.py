@@ -14,11 +14,12 @@ The protocol layer, with no web framework in it (the routes are ``tether.server.
 
 from ._history import RunPlan, agui_messages, message_text, parked_messages, path_before_run, plan_run
 from ._interrupts import agui_interrupt_id, agui_interrupts, decisions_for, response_schema, tether_interrupt_id
-from ._mapping import PROTOCOL_VERSION, Cursor, EventMapper, Frame, encode_frame, reasoning_id, speaks_cancelled_outcome, tool_message_id
+from ._mapping import PROTOCOL_VERSION, Cursor, EventMapper, Frame, Transcript, encode_frame, reasoning_id, speaks_cancelled_outcome, tool_message_id
 
 __all__ = [
     "PROTOCOL_VERSION",
     "EventMapper",
+    "Transcript",
     "Frame",
     "Cursor",
     "encode_frame",

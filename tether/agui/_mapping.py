@@ -44,7 +44,7 @@ from ..runtime._turn import tool_message_content
 from ..tools import Tool
 from ._interrupts import agui_interrupts
 
-__all__ = ["PROTOCOL_VERSION", "Frame", "Cursor", "EventMapper", "tool_message_id", "reasoning_id", "speaks_cancelled_outcome", "encode_frame"]
+__all__ = ["PROTOCOL_VERSION", "Frame", "Cursor", "EventMapper", "Transcript", "tool_message_id", "reasoning_id", "speaks_cancelled_outcome", "encode_frame"]
 
 #: The AG-UI protocol version Tether speaks (``RUN_STARTED.protocolVersion``).
 PROTOCOL_VERSION = "1.0"
@@ -135,6 +135,48 @@ def _timestamp_ms(ts: str) -> int | None:
         return None
 
 
+class Transcript:
+    """The messages a run's frames have built so far, as an AG-UI client builds them (text,
+    tool calls, results; not reasoning, which Tether does not keep): what a client reattaching
+    in the middle of a run is given as ``MESSAGES_SNAPSHOT`` before the rest."""
+
+    def __init__(self) -> None:
+        self._messages: dict[str, dict[str, Any]] = {}  # id → message, content as a list of parts
+        self._calls: dict[str, dict[str, Any]] = {}  # toolCallId → the call inside its message
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        """Move past one AG-UI event."""
+        kind = event["type"]
+        if kind == "TEXT_MESSAGE_START":
+            self._messages.setdefault(event["messageId"], {"id": event["messageId"], "role": event.get("role", "assistant"), "content": []})
+        elif kind == "TEXT_MESSAGE_CONTENT" and event["messageId"] in self._messages:
+            self._messages[event["messageId"]]["content"].append(event["delta"])
+        elif kind == "TOOL_CALL_START" and event["toolCallId"] not in self._calls:
+            parent = event.get("parentMessageId") or event["toolCallId"]
+            message = self._messages.setdefault(parent, {"id": parent, "role": "assistant", "content": []})
+            call = {"id": event["toolCallId"], "type": "function", "function": {"name": event["toolCallName"], "arguments": []}}
+            message.setdefault("toolCalls", []).append(call)
+            self._calls[event["toolCallId"]] = call
+        elif kind == "TOOL_CALL_ARGS" and event["toolCallId"] in self._calls:
+            self._calls[event["toolCallId"]]["function"]["arguments"].append(event["delta"])
+        elif kind == "TOOL_CALL_RESULT":
+            self._messages[event["messageId"]] = {"id": event["messageId"], "role": "tool", "toolCallId": event["toolCallId"], "content": [event["content"]]}
+        elif kind == "CUSTOM" and event.get("name") == "tether.status" and isinstance(event.get("value"), dict):
+            discarded = event["value"].get("discard_message_id")
+            if discarded is not None:  # a half-finished step, done again: clients drop it
+                self._messages.pop(discarded, None)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The messages, in the order they started, content joined."""
+        out = []
+        for message in self._messages.values():
+            copy = {**message, "content": "".join(message["content"])}
+            if "toolCalls" in message:
+                copy["toolCalls"] = [{**c, "function": {**c["function"], "arguments": "".join(c["function"]["arguments"])}} for c in message["toolCalls"]]
+            out.append(copy)
+        return out
+
+
 class EventMapper:
     """Turns one Tether run's events, in ``seq`` order, into AG-UI frames (see the module
     docstring). Pure: it reads nothing and writes nothing."""
@@ -159,6 +201,8 @@ class EventMapper:
         self.ended: str | None = None
         #: True once the run's terminal event is mapped: nothing more will come.
         self.terminal = False
+        #: The messages the frames so far built.
+        self.transcript = Transcript()
 
     # -- state -------------------------------------------------------------------------------
 
@@ -171,6 +215,7 @@ class EventMapper:
         """Move the open state past ``frame``."""
         event = frame.event
         kind = frame.type
+        self.transcript.apply(event)
         if kind == "RUN_STARTED":
             self.run_started, self.ended = event, None
         elif kind in ("RUN_FINISHED", "RUN_ERROR"):
@@ -187,6 +232,8 @@ class EventMapper:
             self.reasoning = (event, event)
         elif kind == "REASONING_MESSAGE_START" and self.reasoning is not None:
             self.reasoning = (self.reasoning[0], event)
+        elif kind == "REASONING_MESSAGE_END" and self.reasoning is not None:
+            self.reasoning = (self.reasoning[0], self.reasoning[0])
         elif kind == "REASONING_END":
             self.reasoning = None
         elif kind == "TOOL_CALL_START":

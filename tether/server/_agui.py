@@ -85,8 +85,15 @@ def _error_frames(body: AguiRunInput, exc: TetherError) -> list[Frame]:
         tether["details"] = [{"loc": ["body", *f.loc], "msg": f.msg, "type": f.type} for f in exc.fields]
     elif exc.details is not None:
         tether["details"] = exc.details
-    started = {"type": "RUN_STARTED", "threadId": body.thread_id, "runId": body.run_id, "protocolVersion": PROTOCOL_VERSION}
-    error = {"type": "RUN_ERROR", "message": exc.message, "code": exc.code, "metadata": {"tether": tether}}
+    base = {"run_id": None, "seq": 0, "type": "refused"}
+    started = {
+        "type": "RUN_STARTED",
+        "threadId": body.thread_id,
+        "runId": body.run_id,
+        "protocolVersion": PROTOCOL_VERSION,
+        "metadata": {"tether": {**base, "event_id": "0.1"}},
+    }
+    error = {"type": "RUN_ERROR", "message": exc.message, "code": exc.code, "metadata": {"tether": {**base, "event_id": "0", **tether}}}
     return [Frame("0.1", started), Frame("0", error)]
 
 
@@ -129,8 +136,9 @@ async def _stream(
     the run's terminal event, or an interrupt that nothing has answered yet.
 
     With ``catch_up`` the mapper first reads the log up to the cursor silently (its state is then
-    the client's), and the stream opens with :meth:`EventMapper.reopen`. ``snapshot`` (messages)
-    goes out as ``MESSAGES_SNAPSHOT`` right after the first ``RUN_STARTED``.
+    the client's), and the stream opens with :meth:`EventMapper.reopen`. ``snapshot`` (the
+    messages before the run) goes out as ``MESSAGES_SNAPSHOT`` right after the first
+    ``RUN_STARTED``, followed by what the run's frames built up to there.
     """
     out: list[str] = []
     last = cursor.done_seq
@@ -142,7 +150,8 @@ async def _stream(
             out.append(frame.encode())
             if snapshot is not None and frame.type == "RUN_STARTED":
                 tether = {**frame.event["metadata"]["tether"], "type": "snapshot"}
-                out.append(Frame(frame.id, {"type": "MESSAGES_SNAPSHOT", "messages": snapshot, "metadata": {"tether": tether}}).encode())
+                messages = snapshot + mapper.transcript.messages()
+                out.append(Frame(frame.id, {"type": "MESSAGES_SNAPSHOT", "messages": messages, "metadata": {"tether": tether}}).encode())
                 snapshot = None
 
     async def paused() -> bool:
@@ -308,7 +317,8 @@ async def connect(request: Request, body: AguiRunInput, last_event_id: str | Non
         return _response(_frames(_error_frames(body, exc)))
     ping_s = sse_ping_s_of(request)
     if cursor is not None and run is not None:
-        stream = _stream(store, runtime, mapper, run.id, cursor=cursor, catch_up=True, snapshot=None, ping_s=ping_s)
+        before = agui_messages(await store.path_to(thread.id, run.input_message_id))
+        stream = _stream(store, runtime, mapper, run.id, cursor=cursor, catch_up=True, snapshot=before, ping_s=ping_s)
         return _response(stream, run.id)
     path = await store.path_to(thread.id, thread.active_leaf_id)
     if run is None or run.terminal:
