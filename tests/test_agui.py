@@ -414,6 +414,7 @@ async def test_bad_input_gets_the_documented_error_shape(server: LiveServer) -> 
             ("/v1/agui", {"content": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "invalid_json"),
             ("/v1/agui", {"json": {"runId": "r", "messages": []}}, 422, "validation_error"),
             ("/v1/agui", {"json": {"threadId": "t" * 65, "runId": "r", "messages": []}}, 422, "validation_error"),
+            ("/v1/agui", {"json": {"threadId": "a/b", "runId": "r", "messages": []}}, 422, "validation_error"),
             ("/v1/agui", {"json": {**run_input("t", "r", [user("hi")]), "forwardedProps": {"tether": {"config": {"max_steps": 0}}}}}, 422, "validation_error"),
             ("/v1/agui", {"json": {**run_input("t", "r"), "resume": [{"interruptId": "i", "status": "maybe"}]}}, 422, "validation_error"),
             ("/v1/agui/connect", {"json": run_input("t", "r"), "headers": {"Last-Event-ID": "12.x"}}, 422, "invalid_last_event_id"),

@@ -226,7 +226,8 @@ class AguiRunInput(BaseModel):
     """AG-UI's ``RunAgentInput`` (``POST /v1/agui`` and ``/v1/agui/connect``)."""
 
     model_config = _AGUI
-    thread_id: Text = Field(min_length=1, max_length=64)
+    #: Becomes a Tether thread id when new, so it must work in a URL path as one segment.
+    thread_id: Text = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:~-]+$")
     run_id: Text = Field(min_length=1, max_length=200)
     protocol_version: Text | None = Field(default=None, max_length=20)
     messages: list[AguiMessage] = Field(default_factory=list, max_length=10_000)
