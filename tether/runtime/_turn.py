@@ -22,7 +22,7 @@ from ..events import ToolResult, ToolStatus
 from ..store import MessageRecord
 from ..tools import Tool
 
-__all__ = ["CallItem", "ParkedTurn", "json_safe", "masked_args", "parse_args", "turn_messages"]
+__all__ = ["CallItem", "ParkedTurn", "json_safe", "masked_args", "parse_args", "tool_message_content", "turn_messages"]
 
 #: What a decision that does not run the tool records (``approve``/``edit`` run it).
 _NOT_RUN: dict[str, tuple[ToolStatus, str]] = {
@@ -30,6 +30,19 @@ _NOT_RUN: dict[str, tuple[ToolStatus, str]] = {
     "respond": ("responded", ""),
     "expired": ("expired", "the approval window closed; the action was not executed"),
 }
+
+
+def tool_message_content(status: ToolStatus, result: Any, error: str | None, reason: str | None) -> str:
+    """What the model reads as a call's result: the result as JSON (``ok``), the reviewer's
+    answer (``responded``), else the status with its error or reason as JSON. Also what AG-UI's
+    ``TOOL_CALL_RESULT`` carries (:mod:`tether.agui`), so a streamed result and a stored one read
+    the same."""
+    if status == "ok":
+        return json.dumps(result, ensure_ascii=False)
+    if status == "responded":
+        return str(result)
+    detail = {k: v for k, v in (("error", error), ("reason", reason)) if v}
+    return json.dumps({"status": status, **detail}, ensure_ascii=False)
 
 
 @dataclass(slots=True)
@@ -88,20 +101,14 @@ class CallItem:
 
     def message(self, *, thread_id: str, run_id: str, parent_id: str | None) -> MessageRecord:
         """The tool message (what the model reads next) of the settled call."""
-        if self.status == "ok":
-            content = json.dumps(self.result, ensure_ascii=False)
-        elif self.status == "responded":
-            content = str(self.result)
-        else:
-            detail = {k: v for k, v in (("error", self.error), ("reason", self.reason)) if v}
-            content = json.dumps({"status": self.status, **detail}, ensure_ascii=False)
+        assert self.status is not None, "an unsettled call has no message"
         return MessageRecord(
             new_id("msg"),
             thread_id,
             parent_id,
             run_id,
             "tool",
-            content,
+            tool_message_content(self.status, self.result, self.error, self.reason),
             tool_call_id=self.id,
             name=self.name,
             status="cancelled" if self.status == "cancelled" else "complete",

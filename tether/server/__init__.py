@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from .. import __version__
 from ..agent import Agent
 from ..runtime import Runtime
-from . import _metrics, _resume, _runs, _threads
+from . import _agui, _metrics, _resume, _runs, _threads
 from ._errors import install_error_handlers
 from ._guard import RefuseNul
 from ._ui import install_ui
@@ -59,6 +59,7 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0, lease_s: 
     app.include_router(_runs.router)
     app.include_router(_resume.router)
     app.include_router(_metrics.router)
+    app.include_router(_agui.router)
     for route in agent.routes:
         app.router.routes.append(route)
 

@@ -6,10 +6,24 @@ import math
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
 
 from ..runtime._config import RunConfig
 
-__all__ = ["CreateThread", "RunInput", "CreateRun", "CancelRun", "SetActiveLeaf", "MessageContent", "ResumeThread", "DecisionBody"]
+__all__ = [
+    "CreateThread",
+    "RunInput",
+    "CreateRun",
+    "CancelRun",
+    "SetActiveLeaf",
+    "MessageContent",
+    "ResumeThread",
+    "DecisionBody",
+    "AguiMessage",
+    "AguiResumeEntry",
+    "AguiTetherProps",
+    "AguiRunInput",
+]
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -158,3 +172,69 @@ class ResumeThread(BaseModel):
     model_config = _STRICT
     interrupt_id: Text = Field(min_length=1, max_length=64)
     decisions: list[DecisionBody] = Field(min_length=1, max_length=100)
+
+
+# -- AG-UI (``/v1/agui``) -----------------------------------------------------------------------
+# AG-UI's own shapes, in its camelCase. Unlike Tether's bodies they ignore fields they do not
+# know: AG-UI lets clients send material a server does not read (and newer clients send more).
+
+_AGUI = ConfigDict(extra="ignore", populate_by_name=True, alias_generator=to_camel)
+
+
+class AguiMessage(BaseModel):
+    """One message of ``RunAgentInput.messages`` (only what matching the tree reads)."""
+
+    model_config = _AGUI
+    id: Text = Field(min_length=1, max_length=200)
+    role: Literal["developer", "system", "assistant", "user", "tool", "activity", "reasoning"]
+    content: Any = None
+    tool_call_id: Text | None = Field(default=None, max_length=200)
+
+    @field_validator("content")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        _check_json_value(value)
+        return value
+
+
+class AguiResumeEntry(BaseModel):
+    """One answer of ``RunAgentInput.resume``."""
+
+    model_config = _AGUI
+    interrupt_id: Text = Field(min_length=1, max_length=300)
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+
+    @field_validator("payload")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        _check_json_value(value)
+        return value
+
+
+class AguiTetherProps(BaseModel):
+    """``forwardedProps.tether``: what a client may tell Tether beyond AG-UI."""
+
+    model_config = _STRICT
+    #: Options of a new run (as ``config`` of ``POST /v1/threads/{id}/runs``).
+    config: RunConfig = Field(default_factory=RunConfig)
+    #: ``/v1/agui/connect``: the run to reattach to (default: the thread's latest).
+    run_id: Text | None = Field(default=None, min_length=1, max_length=64)
+
+
+class AguiRunInput(BaseModel):
+    """AG-UI's ``RunAgentInput`` (``POST /v1/agui`` and ``/v1/agui/connect``)."""
+
+    model_config = _AGUI
+    #: Becomes a Tether thread id when new, so it must work in a URL path as one segment.
+    thread_id: Text = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:~-]+$")
+    run_id: Text = Field(min_length=1, max_length=200)
+    protocol_version: Text | None = Field(default=None, max_length=20)
+    messages: list[AguiMessage] = Field(default_factory=list, max_length=10_000)
+    resume: list[AguiResumeEntry] | None = Field(default=None, max_length=100)
+    forwarded_props: Any = None
+
+    def tether_props(self) -> AguiTetherProps:
+        """``forwardedProps.tether``, validated (``ValidationError`` when it is wrong)."""
+        props = self.forwarded_props.get("tether") if isinstance(self.forwarded_props, dict) else None
+        return AguiTetherProps.model_validate(props or {})

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._ids import new_id, utcnow
-from ..errors import FieldError, InvalidRequest, NotFound, ThreadBusy
+from ..errors import Conflict, FieldError, InvalidRequest, NotFound, ThreadBusy
 from ._engine import StoreBase
 from ._records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
 from ._tables import has_active_run, messages, threads
@@ -26,14 +27,20 @@ class TreeStore(StoreBase):
 
     # -- threads ---------------------------------------------------------------------------
 
-    async def create_thread(self, *, owner: str, metadata: dict[str, Any] | None = None) -> ThreadRecord:
-        """Create an empty thread."""
+    async def create_thread(self, *, owner: str, metadata: dict[str, Any] | None = None, thread_id: str | None = None) -> ThreadRecord:
+        """Create an empty thread; with ``thread_id`` under that id (an AG-UI client names its
+        threads), :class:`~tether.errors.Conflict` ``thread_exists`` if it is taken."""
         now = utcnow()
-        record = ThreadRecord(new_id("thr"), owner, dict(metadata or {}), None, now)
-        async with self._writing() as conn:
-            await conn.execute(
-                threads.insert().values(id=record.id, owner=owner, metadata=record.metadata, active_leaf_id=None, created_at=now, updated_at=now)
-            )
+        record = ThreadRecord(thread_id or new_id("thr"), owner, dict(metadata or {}), None, now)
+        try:
+            async with self._writing() as conn:
+                await conn.execute(
+                    threads.insert().values(id=record.id, owner=owner, metadata=record.metadata, active_leaf_id=None, created_at=now, updated_at=now)
+                )
+        except IntegrityError:
+            if thread_id is None:
+                raise
+            raise Conflict(f"thread {thread_id!r} already exists", code="thread_exists") from None
         return record
 
     async def get_thread(self, thread_id: str, *, owner: str | None = None) -> ThreadRecord:
