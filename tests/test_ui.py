@@ -770,7 +770,7 @@ def test_after_a_reload_an_edited_approval_shows_what_ran_the_change_and_who_dec
         tool = page.locator(".tool-card[data-tool=refund]")
         expect(tool, when).to_have_attribute("data-status", "ok")
         decision = tool.locator(".tool-decision")
-        expect(decision, when).to_contain_text("Approved with edits by anonymous")
+        expect(decision, when).to_contain_text("Approved with edits by local")
         expect(decision.locator(".diff li"), when).to_have_count(1)
         expect(decision.locator(".diff .diff-key"), when).to_have_text("amount: ")
         expect(decision.locator(".diff del"), when).to_have_text("was 30")
@@ -799,14 +799,14 @@ def test_after_a_reload_approved_rejected_and_answered_calls_still_say_how_and_b
 
     cards = page.locator(".tool-card")
     expect(cards).to_have_count(3)
-    expect(cards.nth(0).locator(".tool-decision")).to_contain_text("Approved by anonymous")
+    expect(cards.nth(0).locator(".tool-decision")).to_contain_text("Approved by local")
     expect(cards.nth(1)).to_have_attribute("data-status", "rejected")
-    expect(cards.nth(1).locator(".tool-decision")).to_contain_text("Rejected by anonymous")
+    expect(cards.nth(1).locator(".tool-decision")).to_contain_text("Rejected by local")
     expect(cards.nth(1).locator(".tool-decision")).to_contain_text("not eligible")
-    expect(cards.nth(2).locator(".tool-decision")).to_contain_text("Answered by anonymous")
+    expect(cards.nth(2).locator(".tool-decision")).to_contain_text("Answered by local")
     expect(cards.nth(2).locator(".tool-summary")).to_contain_text("blue")
     for i in range(3):
-        expect(cards.nth(i).locator(".tool-decision")).to_have_text(re.compile(r"^\S+ \w+ by anonymous · \d{1,2}:\d{2}:\d{2}( [AP]M)?( — “not eligible”)?$"))
+        expect(cards.nth(i).locator(".tool-decision")).to_have_text(re.compile(r"^\S+ \w+ by local · \d{1,2}:\d{2}:\d{2}( [AP]M)?( — “not eligible”)?$"))
     shot(page, "decisions", cards.nth(0))
 
 

@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from ..runtime._config import RunConfig
 
-__all__ = ["CreateThread", "RunInput", "CreateRun", "CancelRun", "SetActiveLeaf", "MessageContent", "ResumeThread", "DecisionBody"]
+__all__ = ["CreateThread", "RunInput", "CreateRun", "CancelRun", "SetActiveLeaf", "MessageContent", "ResumeThread", "DecisionBody", "DecideMany"]
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -158,3 +158,19 @@ class ResumeThread(BaseModel):
     model_config = _STRICT
     interrupt_id: Text = Field(min_length=1, max_length=64)
     decisions: list[DecisionBody] = Field(min_length=1, max_length=100)
+
+
+class DecideMany(BaseModel):
+    """``POST /v1/interrupts/decide``: the same decision for every action of several interrupts."""
+
+    model_config = _STRICT
+    interrupt_ids: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field(min_length=1, max_length=100)
+    decision: Literal["approve", "reject"]
+    reason: Text | None = Field(default=None, max_length=4000)
+
+    @field_validator("interrupt_ids")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("interrupt ids must be distinct")
+        return value
