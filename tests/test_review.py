@@ -224,7 +224,12 @@ async def test_a_refund_waits_for_approval_and_executes_once_after_it(client: As
     log = await finished_log(client, http, run["id"])
     after = log[len(before) :]
     assert [e["type"] for e in after if e["type"] != "status" and e["type"] != "token"] == ["resumed", "tool_result", "done"]
-    assert after[0]["data"] == {"interrupt_id": interrupt["id"], "resolution": "decided", "decisions": [{"call_id": call["call_id"], "decision": "approve"}], "actor": "local"}
+    assert after[0]["data"] == {
+        "interrupt_id": interrupt["id"],
+        "resolution": "decided",
+        "decisions": [{"call_id": call["call_id"], "decision": "approve"}],
+        "actor": "local",
+    }
     result = of_type(log, "tool_result")[0]["data"]
     assert result["call_id"] == call["call_id"] and result["status"] == "ok"
     assert result["result"]["amount"] == 5 and result["result"]["status"] == "issued"

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._ids import utcnow
 from ..agent import Agent
-from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
+from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
 from ..store import AuditEntry, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
@@ -319,7 +319,16 @@ class Runtime:
         turn = ParkedTurn.from_json(interrupt.turn)
         gated = turn.undecided
         normalised = check_decisions(self.agent.tools, gated, decisions)
-        check_four_eyes(self.agent.tools, self.four_eyes, interrupt.action_requests, normalised, decider=actor, requester=interrupt.requested_by)
+        try:
+            check_four_eyes(self.agent.tools, self.four_eyes, interrupt.action_requests, normalised, decider=actor, requester=interrupt.requested_by)
+        except Forbidden:
+            # The interrupt stays pending; the attempt itself is on record.
+            refused = [
+                AuditEntry("decision", actor, thread_id, interrupt.run_id, interrupt_id, c.id, c.name, decision=d["decision"], outcome="refused_four_eyes")
+                for c, d in zip(gated, normalised, strict=True)
+            ]
+            await self.store.add_audit(refused)
+            raise
         public: list[dict[str, Any]] = []
         entries: list[AuditEntry] = []
         for call, decision in zip(gated, normalised, strict=True):
