@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -66,7 +66,7 @@ def _is_loopback_host(host: str) -> bool:
     return is_loopback(host)
 
 
-def _auth_mode(host: str, auth: str | None) -> str:
+def _auth_mode(host: str, auth: str | None) -> Literal["open", "keys"]:
     """The auth mode to serve with: ``open`` by default only on a loopback host."""
     if auth is None:
         return "open" if _is_loopback_host(host) else "keys"
@@ -78,7 +78,7 @@ def _auth_mode(host: str, auth: str | None) -> str:
             err=True,
         )
         sys.exit(2)
-    return auth
+    return "open" if auth == "open" else "keys"
 
 
 def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lease_seconds: float, options: dict[str, Any]) -> None:
@@ -87,7 +87,8 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
     from .server import create_app
 
     auth = _auth_mode(host, options["auth"])
-    app = create_app(agent, db, lease_s=lease_seconds, auth=auth, four_eyes=options["four_eyes"], cors_origins=options["cors_origin"])  # type: ignore[arg-type]
+    four_eyes: Literal["off", "destructive"] = "destructive" if options["four_eyes"] == "destructive" else "off"
+    app = create_app(agent, db, lease_s=lease_seconds, auth=auth, four_eyes=four_eyes, cors_origins=options["cors_origin"])
     click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {db}, auth: {auth})", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3)
 

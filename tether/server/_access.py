@@ -18,10 +18,10 @@ skip the check (the failure of aegra#485). The rules:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import Forbidden, InvalidRequest, NotFound
-from ..store import AuditEntry, InterruptRecord, MessageRecord, Principal, RunRecord, Store, ThreadRecord
+from ..store import AuditEntry, Found, InterruptRecord, MessageRecord, Principal, RunRecord, Store, ThreadRecord
 
 __all__ = ["Access", "Purpose"]
 
@@ -39,65 +39,59 @@ class Access:
 
     # -- the rule --------------------------------------------------------------------------
 
-    async def _check(self, thread: ThreadRecord, to: Purpose, missing: NotFound, *, requester: str | None = None) -> None:
-        """Raise ``missing`` if the caller may not see ``thread``; 403 if they may see it but not
-        do ``to`` there."""
+    def _check(self, found: Found[Any] | None, to: Purpose, missing: NotFound, *, requester: str | None = None) -> None:
+        """Raise ``missing`` if the caller may not see ``found`` (or it is None); 403 if they may
+        see it but not do ``to`` there."""
+        if found is None:
+            raise missing
         me = self.principal
         if me.is_admin:
             return
-        own = thread.owner == me.name
-        if not own and not (me.is_approver and await self.store.has_interrupts(thread.id)):
+        own = found.owner == me.name
+        if not own and not (me.is_approver and found.reviewable):
             raise missing
         if to == "write" and not own:
             raise Forbidden(
                 "approvers may read this thread and decide its interrupts; only its owner starts, steers or cancels runs here", code="not_the_owner"
             )
-        if to == "decide" and not me.is_approver and (requester or thread.owner) != me.name:
+        if to == "decide" and not me.is_approver and (requester or found.owner) != me.name:
             raise Forbidden("only the run's requester or an approver may decide this interrupt", code="not_an_approver")
 
-    # -- resources by id -------------------------------------------------------------------
+    # -- resources by id: one lookup each, whether the resource is missing or not the caller's --
 
     async def thread(self, thread_id: str, *, to: Purpose = "read") -> ThreadRecord:
         """A thread the caller may ``to``; 404 ``thread_not_found`` if they may not see it."""
-        missing = NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
-        try:
-            thread = await self.store.get_thread(thread_id)
-        except NotFound:
-            raise missing from None
-        await self._check(thread, to, missing)
-        return thread
+        found = await self.store.find_thread(thread_id)
+        self._check(found, to, NotFound(f"thread {thread_id!r} not found", code="thread_not_found"))
+        assert found is not None
+        return found.record
 
     async def run(self, run_id: str, *, to: Purpose = "read") -> RunRecord:
         """A run the caller may ``to`` (by its thread); 404 ``run_not_found`` if they may not see it."""
-        missing = NotFound(f"run {run_id!r} not found", code="run_not_found")
-        try:
-            run = await self.store.get_run(run_id)
-        except NotFound:
-            raise missing from None
-        await self._check(await self.store.get_thread(run.thread_id), to, missing)
-        return run
+        found = await self.store.find_run(run_id)
+        self._check(found, to, NotFound(f"run {run_id!r} not found", code="run_not_found"))
+        assert found is not None
+        return found.record
 
     async def message(self, message_id: str, *, to: Purpose = "read") -> MessageRecord:
         """A message the caller may ``to`` (by its thread); 404 ``message_not_found`` if they may not see it."""
-        missing = NotFound(f"message {message_id!r} not found", code="message_not_found")
-        try:
-            message = await self.store.get_message(message_id)
-        except NotFound:
-            raise missing from None
-        await self._check(await self.store.get_thread(message.thread_id), to, missing)
-        return message
+        found = await self.store.find_message(message_id)
+        self._check(found, to, NotFound(f"message {message_id!r} not found", code="message_not_found"))
+        assert found is not None
+        return found.record
 
     async def interrupt_to_decide(self, thread_id: str, interrupt_id: str) -> InterruptRecord:
         """An interrupt of ``thread_id`` the caller may decide: 404 for a thread they may not
         see or an interrupt not in it, 403 ``not_an_approver`` when they may see but not decide."""
-        thread = await self.thread(thread_id)
+        found = await self.store.find_thread(thread_id)
+        self._check(found, "read", NotFound(f"thread {thread_id!r} not found", code="thread_not_found"))
         try:
             interrupt = await self.store.get_interrupt(interrupt_id)
         except NotFound:
             interrupt = None
-        if interrupt is None or interrupt.thread_id != thread.id:
+        if interrupt is None or interrupt.thread_id != thread_id:
             raise NotFound(f"interrupt {interrupt_id!r} not found in thread {thread_id!r}", code="interrupt_not_found")
-        await self._check(thread, "decide", NotFound("unreachable"), requester=interrupt.requested_by)
+        self._check(found, "decide", NotFound("unreachable"), requester=interrupt.requested_by)
         return interrupt
 
     # -- lists -----------------------------------------------------------------------------
