@@ -558,3 +558,25 @@ async def test_no_cors_by_default_and_named_origins_when_asked(tmp_path: Path) -
     finally:
         plain.stop()
         allowed.stop()
+
+
+async def test_the_new_routes_refuse_bad_input_with_the_error_shape(keyed: tuple[LiveServer, Keys]) -> None:
+    server, keys = keyed
+    async with httpx.AsyncClient(base_url=server.url, timeout=10, headers=bearer(keys.carol)) as http:
+        for body in (
+            {},
+            {"interrupt_ids": [], "decision": "approve"},
+            {"interrupt_ids": ["int_a", "int_a"], "decision": "approve"},
+            {"interrupt_ids": ["int_a"], "decision": "edit"},
+            {"interrupt_ids": ["x" * 65], "decision": "approve"},
+            {"interrupt_ids": ["int_\u0000"], "decision": "approve"},
+            {"interrupt_ids": ["int_a"], "decision": "reject", "reason": "r", "extra": 1},
+        ):
+            response = await http.post("/v1/interrupts/decide", json=body)
+            assert response.status_code == 422, (body, response.text)
+            assert set(response.json()["error"]) == {"code", "message", "details"}
+        for params in ({"status": "resolved"}, {"limit": 0}, {"limit": "many"}):
+            response = await http.get("/v1/interrupts", params=params)
+            assert response.status_code == 422 and response.json()["error"]["code"] == "validation_error", response.text
+        odd = await http.get("/v1/me", headers={"Authorization": "Bearer tk_\u00e9\u00e9".encode("latin-1")})
+        assert odd.status_code == 401
