@@ -7,8 +7,9 @@ skip the check (the failure of aegra#485). The rules:
 - A thread belongs to the principal that created it. Its runs, messages, interrupts and audit
   entries belong to it too.
 - A ``user`` sees and acts only on their own threads. Anything else answers exactly as a
-  missing resource does: the same 404, code and message, after the same single lookup, so
-  neither the status nor the body nor the time tells that it exists.
+  missing resource does: the same 404, code and message, after the same single query (the
+  store's ``find_*`` read a resource with its thread's owner at once), so neither the status
+  nor the body nor the time tells that it exists.
 - An ``approver`` may also *read* any thread that has (or had) an interrupt, and decide its
   interrupts; starting, steering or cancelling runs there is 403 ``not_the_owner``.
 - The requester of a run may decide its interrupts (four-eyes aside, which the runtime checks);
