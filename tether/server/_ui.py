@@ -64,14 +64,13 @@ def render_index() -> str:
   <h1 class="brand">Tether</h1>
   <span id="thread-title" class="thread-title"></span>
   <button type="button" id="audit-btn" class="btn small" disabled>Audit log</button>
-  <button type="button" id="approvals-btn" class="btn small" hidden>Approvals <span id="approvals-count" class="count"></span></button>
-  <span id="who" class="who" hidden></span>
-  <button type="button" id="sign-out" class="btn small" hidden>Sign out</button>
   <span id="conn" class="conn" role="status" aria-live="polite" data-state="idle">ready</span>
 </header>
 <div class="layout">
   <nav id="sidebar" class="sidebar" aria-label="Threads">
     <button type="button" id="new-thread" class="btn primary wide">+ New thread</button>
+    <button type="button" id="approvals-btn" class="btn wide approvals-btn" hidden>Approvals <span id="approvals-count" class="count"></span></button>
+    <div class="account"><span id="who" class="who" hidden></span><button type="button" id="sign-out" class="btn small" hidden>Sign out</button></div>
     <ul id="thread-list" class="thread-list"></ul>
   </nav>
   <div id="scrim" class="scrim" hidden></div>
