@@ -160,7 +160,7 @@ async def test_hard_cancel_during_the_model_stream_keeps_the_partial_answer_flag
     terminal = seen[-1]
     assert terminal.type == "cancelled"
     assert terminal.data["mode"] == "hard"
-    assert terminal.data["actor"] == "anonymous"
+    assert terminal.data["actor"] == "local"
     assert (await http.get(f"/v1/runs/{run['id']}")).json()["status"] == "cancelled"
 
     log = await settled_log(http, run["id"])
@@ -322,10 +322,10 @@ async def test_the_cancelled_event_carries_the_reason_and_the_actor(http: httpx.
 
     assert terminal.type == "cancelled"
     assert terminal.data["reason"] == "the user pressed stop"
-    assert terminal.data["actor"] == "anonymous"
+    assert terminal.data["actor"] == "local"
     assert terminal.data["mode"] == "hard"
     stored = (await http.get(f"/v1/runs/{run['id']}")).json()
-    assert stored["cancel"] == {"mode": "hard", "reason": "the user pressed stop", "actor": "anonymous"}
+    assert stored["cancel"] == {"mode": "hard", "reason": "the user pressed stop", "actor": "local"}
 
 
 # -- a cancel never produces `completed` -----------------------------------------------------

@@ -38,6 +38,7 @@ PUBLIC = [
     "InterruptResolved",
     "Gone",
     "InterruptExpired",
+    "Unauthorized",
     "Forbidden",
     "ModelError",
     "EventLogFailed",

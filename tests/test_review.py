@@ -224,7 +224,12 @@ async def test_a_refund_waits_for_approval_and_executes_once_after_it(client: As
     log = await finished_log(client, http, run["id"])
     after = log[len(before) :]
     assert [e["type"] for e in after if e["type"] != "status" and e["type"] != "token"] == ["resumed", "tool_result", "done"]
-    assert after[0]["data"] == {"interrupt_id": interrupt["id"], "resolution": "decided", "decisions": [{"call_id": call["call_id"], "decision": "approve"}]}
+    assert after[0]["data"] == {
+        "interrupt_id": interrupt["id"],
+        "resolution": "decided",
+        "decisions": [{"call_id": call["call_id"], "decision": "approve"}],
+        "actor": "local",
+    }
     result = of_type(log, "tool_result")[0]["data"]
     assert result["call_id"] == call["call_id"] and result["status"] == "ok"
     assert result["result"]["amount"] == 5 and result["result"]["status"] == "issued"
@@ -236,7 +241,7 @@ async def test_a_refund_waits_for_approval_and_executes_once_after_it(client: As
     assert [(a["action"], a["decision"], a["outcome"]) for a in audit] == [("decision", "approve", "accepted"), ("tool_executed", None, "ok")]
     for entry in audit:
         assert (entry["interrupt_id"], entry["call_id"], entry["tool"], entry["thread_id"]) == (interrupt["id"], call["call_id"], "refund", run["thread_id"])
-    assert audit[0]["actor"] == "anonymous"
+    assert audit[0]["actor"] == "local"
     assert audit[1]["args_digest"].startswith("sha256:")
 
 

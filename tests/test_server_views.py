@@ -47,6 +47,7 @@ def test_a_run_view_shows_its_status_as_the_stored_string_and_its_cancel_request
         "started_at": T0_TEXT,
         "ended_at": None,
         "error": None,
+        "requested_by": None,
         "cancel": {"mode": "soft", "reason": "stop", "actor": "alice"},
         "pending_interrupt": None,
     }
@@ -109,6 +110,7 @@ def test_an_interrupt_view_hides_the_parked_turn_and_counts_the_wait() -> None:
         "id": "int_1",
         "run_id": "run_1",
         "thread_id": "thr_1",
+        "requested_by": None,
         "status": "pending",
         "action_requests": [{"call_id": "c"}],
         "review_configs": [{"allowed_decisions": ["approve"]}],

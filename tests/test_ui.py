@@ -770,7 +770,7 @@ def test_after_a_reload_an_edited_approval_shows_what_ran_the_change_and_who_dec
         tool = page.locator(".tool-card[data-tool=refund]")
         expect(tool, when).to_have_attribute("data-status", "ok")
         decision = tool.locator(".tool-decision")
-        expect(decision, when).to_contain_text("Approved with edits by anonymous")
+        expect(decision, when).to_contain_text("Approved with edits by local")
         expect(decision.locator(".diff li"), when).to_have_count(1)
         expect(decision.locator(".diff .diff-key"), when).to_have_text("amount: ")
         expect(decision.locator(".diff del"), when).to_have_text("was 30")
@@ -799,14 +799,14 @@ def test_after_a_reload_approved_rejected_and_answered_calls_still_say_how_and_b
 
     cards = page.locator(".tool-card")
     expect(cards).to_have_count(3)
-    expect(cards.nth(0).locator(".tool-decision")).to_contain_text("Approved by anonymous")
+    expect(cards.nth(0).locator(".tool-decision")).to_contain_text("Approved by local")
     expect(cards.nth(1)).to_have_attribute("data-status", "rejected")
-    expect(cards.nth(1).locator(".tool-decision")).to_contain_text("Rejected by anonymous")
+    expect(cards.nth(1).locator(".tool-decision")).to_contain_text("Rejected by local")
     expect(cards.nth(1).locator(".tool-decision")).to_contain_text("not eligible")
-    expect(cards.nth(2).locator(".tool-decision")).to_contain_text("Answered by anonymous")
+    expect(cards.nth(2).locator(".tool-decision")).to_contain_text("Answered by local")
     expect(cards.nth(2).locator(".tool-summary")).to_contain_text("blue")
     for i in range(3):
-        expect(cards.nth(i).locator(".tool-decision")).to_have_text(re.compile(r"^\S+ \w+ by anonymous · \d{1,2}:\d{2}:\d{2}( [AP]M)?( — “not eligible”)?$"))
+        expect(cards.nth(i).locator(".tool-decision")).to_have_text(re.compile(r"^\S+ \w+ by local · \d{1,2}:\d{2}:\d{2}( [AP]M)?( — “not eligible”)?$"))
     shot(page, "decisions", cards.nth(0))
 
 
@@ -1180,3 +1180,100 @@ def test_the_main_states_have_no_serious_accessibility_violations_in_either_colo
     page.locator("#toggle-threads").click()
     expect(page.locator("#new-thread")).to_be_in_viewport()
     assert_accessible(page, axe_source, "mobile drawer")
+
+
+# -- identity ----------------------------------------------------------------------------------
+
+
+def test_signing_in_with_a_key_shows_only_your_threads_and_an_approver_decides_from_the_approvals_view(
+    browser: Browser, tmp_path: Path, axe_source: str
+) -> None:
+    import asyncio
+    import concurrent.futures
+
+    from tether.demo import build_demo_agent
+
+    from .test_auth import create_keys
+
+    db = sqlite_url(tmp_path)
+    server = LiveServer(build_demo_agent(), db, auth="keys").start()
+    context = browser.new_context(viewport=DESKTOP, color_scheme="light")
+    context.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright's loop runs in this thread
+            keys = pool.submit(asyncio.run, create_keys(db)).result()
+        with httpx.Client(base_url=server.url, timeout=10, headers={"Authorization": f"Bearer {keys.bob}"}) as bob:
+            bobs_thread = bob.post("/v1/threads", json={"metadata": {"title": "bob's private thread"}}).json()["id"]
+            bobs_run = bob.post(f"/v1/threads/{bobs_thread}/runs", json={"input": {"content": "refund 7 on order B200"}}).json()["id"]
+            wait_until(lambda: bob.get(f"/v1/runs/{bobs_run}").json()["status"] == "waiting_human", "bob's refund to wait")
+
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(server.url + "/")
+        signin = page.locator("#signin")
+        expect(signin).to_be_visible()
+        assert_accessible(page, axe_source, "sign-in")
+        page.locator("#signin-key").fill("tk_" + "x" * 43)
+        page.locator("#signin-form button[type=submit]").click()
+        expect(page.locator("#signin-error")).to_contain_text("not accepted")
+        page.locator("#signin-key").fill(keys.alice)
+        page.locator("#signin-form button[type=submit]").click()
+        expect(page.locator("body")).to_have_attribute("data-ready", "true")
+        expect(page.locator("#who")).to_have_text("alice · user")
+        expect(page.locator("#thread-list li")).to_have_count(0)  # Bob's thread is not Alice's to see
+        assert keys.alice not in page.url
+
+        send(page, "refund 25 on order A100")
+        expect(page.locator(".approval")).to_have_attribute("data-state", "pending")
+        alices_thread = thread_id(page)
+        expect(page.locator("#thread-list li")).to_have_count(1)
+        expect(page.locator("#approvals-count")).to_have_text("1")  # hers only
+        assert "bob's private thread" not in page.content()
+
+        page.locator("#sign-out").click()
+        expect(signin).to_be_visible()
+        assert page.evaluate("sessionStorage.getItem('tether.apiKey') || localStorage.getItem('tether.apiKey')") is None
+
+        page.locator("#signin-key").fill(keys.carol)
+        page.locator("#signin-remember").check()
+        page.locator("#signin-form button[type=submit]").click()
+        expect(page.locator("#who")).to_have_text("carol · approver")
+        expect(page.locator("#approvals-count")).to_have_text("2")
+        page.locator("#approvals-btn").click()
+        items = page.locator("#approvals .approval-item")
+        expect(items).to_have_count(2)
+        expect(items.nth(0)).to_contain_text("by bob")  # soonest expiry first: Bob's came first
+        expect(items.nth(1)).to_contain_text("by alice")
+        expect(items.nth(0).locator(".approval-countdown")).to_have_text(re.compile(r"^expires in \d+:\d\d$"))
+        assert_accessible(page, axe_source, "approvals")
+
+        # Open Alice's in its thread, then come back and decide both at once.
+        items.filter(has_text="by alice").get_by_role("button", name=re.compile("^Open")).click()
+        expect(page.locator(".approval")).to_have_attribute("data-state", "pending")
+        assert thread_id(page) == alices_thread
+        page.locator("#approvals-btn").click()
+        for item in (items.nth(0), items.nth(1)):
+            item.locator("input[type=checkbox]").check()
+        page.locator("#approvals-approve").click()
+        expect(page.locator("#approvals-status")).to_have_text("Approved 2.")
+        expect(page.locator("#approvals .empty")).to_have_text("Nothing waits for a decision.")
+        page.locator("#approvals-close").click()
+
+        with httpx.Client(base_url=server.url, timeout=10, headers={"Authorization": f"Bearer {keys.root}"}) as root:
+            wait_until(lambda: len(root.get("/v1/demo/effects", params={"tool": "refund"}).json()["items"]) == 2, "both refunds to run")
+            time.sleep(0.3)  # a second execution would show up here; there must be none
+            refunds = root.get("/v1/demo/effects", params={"tool": "refund"}).json()["items"]
+            assert sorted(e["args"]["amount"] for e in refunds) == [7, 25]
+            audit = root.get("/v1/audit", params={"thread_id": alices_thread}).json()["items"]
+            assert [(e["action"], e["actor"]) for e in audit] == [("decision", "carol"), ("tool_executed", "carol")]
+
+        page.reload()  # "remember me": still signed in
+        expect(page.locator("#who")).to_have_text("carol · approver")
+        page.locator("#sign-out").click()
+        expect(signin).to_be_visible()
+        assert page.evaluate("localStorage.getItem('tether.apiKey')") is None
+    finally:
+        context.close()
+        server.stop()
+    assert not errors, f"JavaScript errors on the page: {errors}"

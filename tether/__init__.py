@@ -26,6 +26,7 @@ from .errors import (
     TetherError,
     ThreadBusy,
     ToolArgsError,
+    Unauthorized,
 )
 from .events import Envelope, Event
 from .models import ChatMessage, Model, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
@@ -75,6 +76,7 @@ __all__ = [
     "InterruptResolved",
     "Gone",
     "InterruptExpired",
+    "Unauthorized",
     "Forbidden",
     "ModelError",
     "EventLogFailed",

@@ -3,16 +3,23 @@
 ``tether serve module:attr`` serves an :class:`~tether.Agent`; ``tether demo`` serves the
 built-in demo agent. Both default to a SQLite file in the data directory
 (``$TETHER_DATA_DIR``, else the platform's application directory), created on first start.
+``tether keys`` manages API keys in a database, also while a server runs on it.
+
+Authentication defaults to ``open`` (no key) on a loopback host and to ``keys`` anywhere else;
+``--auth open`` on another host is refused (exit code 2): an unauthenticated server must never
+be reachable from the network by a typo.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -53,16 +60,60 @@ def load_agent(spec: str) -> Agent:
     return obj
 
 
-def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lease_seconds: float = 10.0) -> None:
+def _is_loopback_host(host: str) -> bool:
+    from .server._auth import is_loopback
+
+    return is_loopback(host)
+
+
+def _auth_mode(host: str, auth: str | None) -> Literal["open", "keys"]:
+    """The auth mode to serve with: ``open`` by default only on a loopback host."""
+    if auth is None:
+        return "open" if _is_loopback_host(host) else "keys"
+    if auth == "open" and not _is_loopback_host(host):
+        click.echo(
+            f"Error: --auth open (no API keys) is only allowed on a loopback host, not {host!r}: anyone who can reach the port "
+            "could read every thread and approve every action. Use --auth keys (create keys with 'tether keys create'), "
+            "or serve on 127.0.0.1.",
+            err=True,
+        )
+        sys.exit(2)
+    return "open" if auth == "open" else "keys"
+
+
+def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lease_seconds: float, options: dict[str, Any]) -> None:
     import uvicorn
 
     from .server import create_app
 
-    click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {db})", err=True)
-    uvicorn.run(create_app(agent, db, lease_s=lease_seconds), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3)
+    auth = _auth_mode(host, options["auth"])
+    four_eyes: Literal["off", "destructive"] = "destructive" if options["four_eyes"] == "destructive" else "off"
+    app = create_app(agent, db, lease_s=lease_seconds, auth=auth, four_eyes=four_eyes, cors_origins=options["cors_origin"])
+    click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {db}, auth: {auth})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3)
 
 
 def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
+    fn = click.option(
+        "--cors-origin",
+        multiple=True,
+        help="A browser origin (https://app.example.com) allowed to call the API from another site; repeatable. None by default.",
+    )(fn)
+    fn = click.option(
+        "--four-eyes",
+        type=click.Choice(["off", "destructive"]),
+        default="off",
+        show_default=True,
+        envvar="TETHER_FOUR_EYES",
+        help="destructive: every destructive call needs an approver other than the run's requester.",
+    )(fn)
+    fn = click.option(
+        "--auth",
+        type=click.Choice(["open", "keys"]),
+        default=None,
+        envvar="TETHER_AUTH",
+        help="open: no key, everyone is 'local' (loopback hosts only; the default there). keys: a bearer API key on every request (the default elsewhere).",
+    )(fn)
     fn = click.option(
         "--lease-seconds",
         default=10.0,
@@ -86,32 +137,39 @@ def main() -> None:
 @main.command()
 @click.argument("app")
 @_server_options
-def serve(app: str, host: str, port: int, db: str | None, log_level: str, lease_seconds: float) -> None:
+def serve(app: str, host: str, port: int, db: str | None, log_level: str, lease_seconds: float, **options: Any) -> None:
     """Serve the agent APP (module:attr)."""
-    _run_server(load_agent(app), host, port, db or default_db_url("tether"), log_level, lease_seconds)
+    _auth_mode(host, options["auth"])  # refuse a bad combination before importing anything
+    _run_server(load_agent(app), host, port, db or default_db_url("tether"), log_level, lease_seconds, options)
 
 
 @main.command()
 @_server_options
 @click.option("--openai-model", default=None, envvar="TETHER_OPENAI_MODEL", help="Use an OpenAI-compatible model instead of the scripted one.")
 @click.option("--openai-base-url", default=None, envvar="TETHER_OPENAI_BASE_URL", help="Base URL of the OpenAI-compatible API.")
-def demo(host: str, port: int, db: str | None, log_level: str, lease_seconds: float, openai_model: str | None, openai_base_url: str | None) -> None:
+def demo(
+    host: str, port: int, db: str | None, log_level: str, lease_seconds: float, openai_model: str | None, openai_base_url: str | None, **options: Any
+) -> None:
     """Serve the built-in demo shop agent (scripted model, no keys needed)."""
     from .demo import build_demo_agent
 
+    _auth_mode(host, options["auth"])
     model = None
     if openai_model:
         from .models.openai import OpenAIModel
 
         model = OpenAIModel(openai_model, base_url=openai_base_url)
-    _run_server(build_demo_agent(model), host, port, db or default_db_url("demo"), log_level, lease_seconds)
+    _run_server(build_demo_agent(model), host, port, db or default_db_url("demo"), log_level, lease_seconds, options)
 
 
 @main.command()
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, envvar="TETHER_URL", help="Server to talk to.")
 @click.option("--thread", "thread_id", default=None, help="Continue this thread (default: a new one).")
 def chat(url: str, thread_id: str | None) -> None:
-    """Chat with a served agent in the terminal; review tool calls as they come."""
+    """Chat with a served agent in the terminal; review tool calls as they come.
+
+    In keys mode, give the API key in $TETHER_API_KEY (never on the command line, where other
+    users of the machine could read it)."""
     import asyncio
 
     from ._chat import run_chat
@@ -131,7 +189,7 @@ def chat(url: str, thread_id: str | None) -> None:
 @click.option("--run", "run_id", default=None, help="Entries of this run.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
 def audit(url: str, thread_id: str | None, run_id: str | None, as_json: bool) -> None:
-    """Print the audit log (decisions, expiries, cancels, gated executions)."""
+    """Print the audit log (decisions, expiries, cancels, gated executions); key in $TETHER_API_KEY."""
     import asyncio
     import json
 
@@ -157,6 +215,110 @@ def audit(url: str, thread_id: str | None, run_id: str | None, as_json: bool) ->
         what = " ".join(str(x) for x in (e["tool"], e["decision"], e["outcome"]) if x)
         reason = f" — {e['reason']}" if e["reason"] else ""
         click.echo(f"{e['ts']}  {e['action']:<13} {e['actor']:<12} {e['run_id'] or '':<30} {e['call_id'] or '':<24} {what}{reason}")
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+)([smhdw])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def _parse_duration(_ctx: Any, _param: Any, value: str | None) -> timedelta | None:
+    if value is None:
+        return None
+    match = _DURATION.fullmatch(value.strip())
+    if not match or int(match.group(1)) == 0:
+        raise click.BadParameter("expected a positive number and a unit, like 90m, 12h, 30d or 4w")
+    try:
+        return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    except OverflowError:
+        raise click.BadParameter("too long") from None
+
+
+def _cli_actor() -> str:
+    """The audit ``actor`` of key management: the operating-system user who ran the command."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # no user name in this environment (some containers)
+        return "cli"
+
+
+def _with_store(db: str, action: Callable[[Any], Any]) -> Any:
+    import asyncio
+
+    from .store import Store
+
+    async def run() -> Any:
+        store = await Store.open(db)
+        try:
+            return await action(store)
+        finally:
+            await store.aclose()
+
+    return asyncio.run(run())
+
+
+_db_option = click.option("--db", "db", required=True, help="Database URL of the server (sqlite:///path or postgresql://…).")
+
+
+@main.group()
+def keys() -> None:
+    """Manage API keys (usable while a server runs on the same database)."""
+
+
+@keys.command("create")
+@_db_option
+@click.option("--name", required=True, help="The principal the key stands for (e.g. alice).")
+@click.option("--role", "roles", multiple=True, type=click.Choice(["user", "approver", "admin"]), default=("user",), show_default=True, help="Repeatable.")
+@click.option("--expires-in", callback=_parse_duration, default=None, help="Lifetime, like 12h, 30d or 4w (default: no expiry).")
+def keys_create(db: str, name: str, roles: tuple[str, ...], expires_in: timedelta | None) -> None:
+    """Create a key; it is printed once, as the last line of stdout, and never stored in clear."""
+    from ._ids import utcnow
+    from .errors import InvalidRequest
+
+    expires_at = utcnow() + expires_in if expires_in is not None else None
+    try:
+        record, key = _with_store(db, lambda store: store.create_key(name=name, roles=roles, expires_at=expires_at, actor=_cli_actor()))
+    except InvalidRequest as exc:
+        raise click.BadParameter(exc.message) from None
+    until = f", expires {record.expires_at:%Y-%m-%d %H:%M} UTC" if record.expires_at else ""
+    click.echo(f"created key {record.prefix}… for {record.name} (roles: {', '.join(record.roles)}{until}); it is shown only now:")
+    click.echo(key)
+
+
+@keys.command("list")
+@_db_option
+def keys_list(db: str) -> None:
+    """List keys: names, roles, prefixes, dates (never the keys)."""
+    from ._ids import utcnow
+
+    records = _with_store(db, lambda store: store.list_keys())
+    now = utcnow()
+
+    def when(moment: Any) -> str:
+        return f"{moment:%Y-%m-%d %H:%M}" if moment is not None else "-"
+
+    click.echo(f"{'NAME':<20} {'ROLES':<22} {'PREFIX':<14} {'CREATED':<17} {'LAST USED':<17} {'EXPIRES':<17} STATUS")
+    for r in records:
+        status = "revoked" if r.revoked_at else ("expired" if not r.usable(now) else "active")
+        click.echo(
+            f"{r.name:<20} {','.join(r.roles):<22} {r.prefix + '…':<14} {when(r.created_at):<17} {when(r.last_used_at):<17} {when(r.expires_at):<17} {status}"
+        )
+
+
+@keys.command("revoke")
+@_db_option
+@click.argument("name")
+def keys_revoke(db: str, name: str) -> None:
+    """Revoke every key of the principal NAME (or the one key with that tk_… prefix); the next
+    request with it gets 401, in every server process."""
+    revoked = _with_store(db, lambda store: store.revoke_keys(name, actor=_cli_actor()))
+    if not revoked:
+        raise click.ClickException(f"no active key for {name!r}")
+    for r in revoked:
+        click.echo(f"revoked {r.prefix}… ({r.name})")
 
 
 if __name__ == "__main__":  # pragma: no cover

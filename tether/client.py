@@ -5,11 +5,15 @@ when the connection drops, reconnects with ``Last-Event-ID`` = the last seq it y
 backoff, so the caller sees every event exactly once and in order, ending with the terminal
 event. Dropping the connection is only a transport matter: it never cancels the run. Stopping
 a run is the explicit :meth:`AsyncClient.cancel`.
+
+``api_key`` (default: ``$TETHER_API_KEY``) is sent as ``Authorization: Bearer …`` on every
+request, the event streams included; it never goes into a URL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
@@ -47,6 +51,8 @@ class AsyncClient:
         timeout: float = 30.0,
         max_backoff: float = 5.0,
     ) -> None:
+        if api_key is None:
+            api_key = os.environ.get("TETHER_API_KEY") or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
         self._max_backoff = max_backoff
@@ -72,6 +78,12 @@ class AsyncClient:
     async def _items(self, url: str, **kwargs: Any) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = (await self._json("GET", url, **kwargs))["items"]
         return items
+
+    # -- identity --------------------------------------------------------------------------
+
+    async def me(self) -> dict[str, Any]:
+        """Who the server takes this client for: ``{"name", "roles", "auth"}``."""
+        return await self._json("GET", "/v1/me")
 
     # -- threads ---------------------------------------------------------------------------
 
@@ -224,8 +236,20 @@ class AsyncClient:
         """Answer the (single) action of ``interrupt`` with ``message`` instead of running it."""
         return await self._resume_all(interrupt, {"decision": "respond", "message": message})
 
+    async def inbox(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Pending interrupts this client may decide, soonest expiry first."""
+        return await self._items("/v1/interrupts", params={"status": "pending", "limit": limit})
+
+    async def decide_many(self, interrupt_ids: list[str], decision: str, *, reason: str | None = None) -> list[dict[str, Any]]:
+        """Approve or reject (``decision``) every action of each interrupt; one result per interrupt."""
+        body: dict[str, Any] = {"interrupt_ids": interrupt_ids, "decision": decision}
+        if reason is not None:
+            body["reason"] = reason
+        items: list[dict[str, Any]] = (await self._json("POST", "/v1/interrupts/decide", json=body))["items"]
+        return items
+
     async def audit(self, *, thread_id: str | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
-        """Audit entries of a thread or run."""
+        """Audit entries of a thread or run (an admin may give neither: every entry)."""
         params = {k: v for k, v in (("thread_id", thread_id), ("run_id", run_id)) if v}
         return await self._items("/v1/audit", params=params)
 

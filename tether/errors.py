@@ -12,7 +12,8 @@
     │   └── InterruptResolved   someone else already decided
     ├── Gone
     │   └── InterruptExpired    the approval window closed; nothing can execute now
-    ├── Forbidden           the caller may not do this
+    ├── Unauthorized        no valid API key: missing, malformed, unknown, expired or revoked
+    ├── Forbidden           the caller may not do this (a role, four-eyes, a decision the tool forbids)
     ├── ModelError          the model provider failed
     ├── EventLogFailed      a run's event log could not be committed (the run fails)
     └── APIError            (clients) the server answered with an error: ``status``, ``code``
@@ -40,6 +41,7 @@ __all__ = [
     "InterruptResolved",
     "Gone",
     "InterruptExpired",
+    "Unauthorized",
     "Forbidden",
     "ModelError",
     "ToolArgsError",
@@ -119,6 +121,12 @@ class InterruptExpired(Gone):
     """The interrupt expired; its actions were rejected and can never run."""
 
     code = "interrupt_expired"
+
+
+class Unauthorized(TetherError):
+    """The request carries no valid API key (the server runs in ``keys`` mode)."""
+
+    code = "unauthorized"
 
 
 class Forbidden(TetherError):

@@ -122,6 +122,8 @@ class Resumed(Event):
     interrupt_id: str
     resolution: Literal["decided", "expired"]
     decisions: list[dict[str, Any]]
+    #: Who decided: the principal's name, or ``system`` for an expiry.
+    actor: str | None = None
 
 
 class UserMessage(Event):

@@ -67,6 +67,7 @@ class Tool:
         approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
         describe: str | None = None,
         allow_sensitive_edit: bool = False,
+        four_eyes: bool = False,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"tool {fn.__name__!r} must be an async function")
@@ -80,6 +81,8 @@ class Tool:
         self.describe_template = describe
         #: Whether a reviewer's ``edit`` may change a sensitive argument (never reveal it).
         self.allow_sensitive_edit = allow_sensitive_edit
+        #: Whether an approve (or edit) must come from a principal other than the run's requester.
+        self.four_eyes = four_eyes
         self.allowed_decisions: tuple[Decision, ...] = tuple(allowed_decisions) if allowed_decisions is not None else ("approve", "reject", "edit")
 
         hints = get_type_hints(fn, include_extras=True)
@@ -164,6 +167,7 @@ def tool(
     approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
     describe: str | None = None,
     allow_sensitive_edit: bool = False,
+    four_eyes: bool = False,
 ) -> Callable[[Callable[..., Awaitable[Any]]], Tool]: ...
 
 
@@ -177,8 +181,13 @@ def tool(
     approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
     describe: str | None = None,
     allow_sensitive_edit: bool = False,
+    four_eyes: bool = False,
 ) -> Tool | Callable[[Callable[..., Awaitable[Any]]], Tool]:
-    """Make a :class:`Tool` of an async function; usable bare (``@tool``) or with options."""
+    """Make a :class:`Tool` of an async function; usable bare (``@tool``) or with options.
+
+    ``four_eyes=True``: approving a call (or running it with edited args) needs a principal
+    other than the run's requester; the requester may still reject it.
+    """
 
     def wrap(f: Callable[..., Awaitable[Any]]) -> Tool:
         return Tool(
@@ -190,6 +199,7 @@ def tool(
             approval_ttl_s=approval_ttl_s,
             describe=describe,
             allow_sensitive_edit=allow_sensitive_edit,
+            four_eyes=four_eyes,
         )
 
     return wrap(fn) if fn is not None else wrap

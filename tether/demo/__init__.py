@@ -22,9 +22,11 @@ from pydantic import Field
 
 from .._ids import utcnow
 from ..agent import Agent
+from ..errors import Forbidden
 from ..events import format_ts
 from ..models import Model
 from ..models.scripted import ScriptedModel
+from ..server import principal_of
 from ..store import Store
 from ..tools import Sensitive, ToolContext, mask_value, tool
 
@@ -145,7 +147,9 @@ def build_demo_agent(model: Model | None = None) -> Agent:
 
     @router.get("/v1/demo/effects", tags=["demo"])
     async def list_effects(request: Request, tool: str | None = Query(default=None), run_id: str | None = Query(default=None)) -> dict[str, Any]:
-        """What the demo agent actually did: one row per real tool execution."""
+        """What the demo agent actually did: one row per real tool execution (every user's: admins only)."""
+        if not principal_of(request).is_admin:
+            raise Forbidden("the demo's effects table spans every user: it needs the 'admin' role", code="role_required")
         return {"items": await shop.effects(tool_name=tool, run_id=run_id)}
 
     return Agent(

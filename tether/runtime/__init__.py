@@ -21,13 +21,13 @@ from typing import Any
 
 from .._ids import utcnow
 from ..agent import Agent
-from ..errors import InterruptExpired, InterruptResolved, NotFound, RunNotActive
+from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
 from ..store import AuditEntry, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
 from ._config import RunConfig
 from ._follow import follow_run
-from ._gate import check_decisions
+from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
 from ._pgbus import PostgresBus
 from ._runner import RunExecutor, as_cancel_mode, cancelled_event
 from ._turn import ParkedTurn, turn_messages
@@ -45,9 +45,19 @@ def _stored(run_id: str, seq: int, event: Event) -> StoredEvent:
 class Runtime:
     """Starts, resumes, cancels and recovers runs of one agent on one store."""
 
-    def __init__(self, store: Store, agent: Agent, bus: LocalBus | None = None, *, sweep_interval_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        store: Store,
+        agent: Agent,
+        bus: LocalBus | None = None,
+        *,
+        sweep_interval_s: float = 0.25,
+        four_eyes: FourEyesPolicy = "off",
+    ) -> None:
         self.store = store
         self.agent = agent
+        #: ``destructive``: every destructive call needs an approver other than the run's requester.
+        self.four_eyes: FourEyesPolicy = four_eyes
         self.bus = bus or LocalBus()
         self.sweep_interval_s = sweep_interval_s
         self._executors: dict[str, RunExecutor] = {}
@@ -60,7 +70,7 @@ class Runtime:
         self._owns_store = False
 
     @classmethod
-    async def open(cls, db_url: str, agent: Agent, *, lease_s: float = 10.0, sweep_interval_s: float = 0.25) -> Runtime:
+    async def open(cls, db_url: str, agent: Agent, *, lease_s: float = 10.0, sweep_interval_s: float = 0.25, four_eyes: FourEyesPolicy = "off") -> Runtime:
         """Open the store at ``db_url`` (running migrations) and the bus that suits it; call
         :meth:`start` next, and :meth:`aclose` to close all of it.
 
@@ -75,7 +85,7 @@ class Runtime:
         except BaseException:
             await store.aclose()
             raise
-        runtime = cls(store, agent, bus, sweep_interval_s=sweep_interval_s)
+        runtime = cls(store, agent, bus, sweep_interval_s=sweep_interval_s, four_eyes=four_eyes)
         runtime._owns_store = True
         return runtime
 
@@ -130,6 +140,7 @@ class Runtime:
         use_active_leaf: bool = True,
         config: RunConfig | None = None,
         owner: str | None = None,
+        requester: str | None = None,
     ) -> RunRecord:
         """Start a run on a thread: store it queued with its input and ``run_started``, then
         execute it in a task of the runtime. Returns the run as created.
@@ -138,7 +149,7 @@ class Runtime:
         (a fork; ``None`` is a new root); with no ``content`` the run regenerates the answer to
         the user message ``parent_id``. :class:`~tether.errors.NotFound` if the thread does not
         exist or is not ``owner``'s; :class:`~tether.errors.ThreadBusy` while another run of the
-        thread is not terminal.
+        thread is not terminal. ``requester`` is the principal starting it (for four-eyes).
         """
         run, _input, started = await self.store.create_run(
             thread_id=thread_id,
@@ -147,6 +158,7 @@ class Runtime:
             use_active_leaf=use_active_leaf,
             config=(config or RunConfig()).model_dump(),
             owner=owner,
+            requested_by=requester,
         )
         self.bus.publish(run.id, [started])
         self.launch(run)
@@ -157,7 +169,7 @@ class Runtime:
         existing = self._executors.get(run.id)
         if self._closing or (existing is not None and not existing.parked):
             return
-        executor = RunExecutor(self.store, self.bus, self.agent, run, resume=resume, takeover=takeover)
+        executor = RunExecutor(self.store, self.bus, self.agent, run, resume=resume, takeover=takeover, four_eyes=self.four_eyes)
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
         self._run_tasks[run.id] = self._spawn(self._drive(executor), f"run-{run.id}")
 
@@ -289,8 +301,9 @@ class Runtime:
         """Apply a human's decisions to a pending interrupt and continue its run.
 
         All or nothing: the decisions are validated first (422/403 leave the interrupt
-        pending); then one conditional write decides the winner, so of racing resumes exactly
-        one succeeds and the gated tools run once.
+        pending), four-eyes included: ``actor`` may not approve a call that needs a second
+        person if ``actor`` started the run. Then one conditional write decides the winner, so of
+        racing resumes exactly one succeeds and the gated tools run once.
         """
         interrupt = await self.store.get_interrupt(interrupt_id)
         if interrupt.thread_id != thread_id:
@@ -306,6 +319,16 @@ class Runtime:
         turn = ParkedTurn.from_json(interrupt.turn)
         gated = turn.undecided
         normalised = check_decisions(self.agent.tools, gated, decisions)
+        try:
+            check_four_eyes(self.agent.tools, self.four_eyes, interrupt.action_requests, normalised, decider=actor, requester=interrupt.requested_by)
+        except Forbidden:
+            # The interrupt stays pending; the attempt itself is on record.
+            refused = [
+                AuditEntry("decision", actor, thread_id, interrupt.run_id, interrupt_id, c.id, c.name, decision=d["decision"], outcome="refused_four_eyes")
+                for c, d in zip(gated, normalised, strict=True)
+            ]
+            await self.store.add_audit(refused)
+            raise
         public: list[dict[str, Any]] = []
         entries: list[AuditEntry] = []
         for call, decision in zip(gated, normalised, strict=True):
@@ -340,7 +363,7 @@ class Runtime:
             decisions=public,
             turn=turn.to_json(),
             actor=actor,
-            make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public)),
+            make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public, actor=actor)),
             audit_entries=entries,
         )
         # No await between the winning write and launch: a cancel arriving now finds the executor.
@@ -364,7 +387,7 @@ class Runtime:
                 decisions=public,
                 turn=turn.to_json(),
                 actor="system",
-                make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public)),
+                make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public, actor="system")),
                 audit_entries=[
                     AuditEntry(
                         "expired", "system", interrupt.thread_id, interrupt.run_id, interrupt.id, c.id, c.name, decision="expired", outcome="not_executed"

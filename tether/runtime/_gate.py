@@ -5,18 +5,27 @@ Pure functions over tools and interrupt state; the runtime and the resume endpoi
 A call is *gated* when its tool's risk is at or above the run's ``approval_threshold``
 (``destructive`` always is), or when its tool cannot be approved at all, only answered
 (``ask_user``-style tools allow only ``respond``).
+
+*Four-eyes*: a call of a tool marked ``four_eyes=True`` (or, under the server's
+``four_eyes="destructive"`` policy, of any destructive tool) may only be approved, or run with
+edited args, by a principal other than the run's requester. The requester may still reject it
+or respond: stopping an action never needs a second person.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import FieldError, Forbidden, InvalidRequest
 from ..tools import RISK_ORDER, Tool, ToolArgsError, mask_value
 from ._turn import CallItem
 
-__all__ = ["is_gated", "action_request", "review_config", "check_decisions"]
+__all__ = ["FourEyesPolicy", "is_gated", "needs_four_eyes", "action_request", "review_config", "check_decisions", "check_four_eyes"]
+
+#: The server's four-eyes policy: ``off`` (only tools marked ``four_eyes=True``) or
+#: ``destructive`` (every destructive tool too).
+FourEyesPolicy = Literal["off", "destructive"]
 
 
 def is_gated(tool: Tool, threshold: str) -> bool:
@@ -26,9 +35,18 @@ def is_gated(tool: Tool, threshold: str) -> bool:
     return tool.risk != "read_only" and RISK_ORDER[tool.risk] >= RISK_ORDER[threshold]
 
 
-def action_request(tool: Tool, call_id: str, args: dict[str, Any]) -> dict[str, Any]:
-    """What a reviewer is shown for one gated call (sensitive args masked)."""
-    return {"call_id": call_id, "action": tool.name, "args": tool.mask(args), "description": tool.description_for(args), "risk": tool.risk}
+def needs_four_eyes(tool: Tool, policy: FourEyesPolicy) -> bool:
+    """True when approving a call of ``tool`` needs someone other than the run's requester."""
+    return tool.four_eyes or (policy == "destructive" and tool.risk == "destructive")
+
+
+def action_request(tool: Tool, call_id: str, args: dict[str, Any], *, four_eyes: bool = False) -> dict[str, Any]:
+    """What a reviewer is shown for one gated call (sensitive args masked); ``four_eyes: true``
+    when its approval needs someone other than the requester."""
+    request: dict[str, Any] = {"call_id": call_id, "action": tool.name, "args": tool.mask(args), "description": tool.description_for(args), "risk": tool.risk}
+    if four_eyes:
+        request["four_eyes"] = True
+    return request
 
 
 def review_config(tool: Tool) -> dict[str, Any]:
@@ -88,3 +106,32 @@ def check_decisions(tools: dict[str, Tool], gated_calls: Sequence[CallItem], dec
             entry["args"] = _edited_args(tool, index, call.args, decision["args"])
         normalised.append(entry)
     return normalised
+
+
+def check_four_eyes(
+    tools: dict[str, Tool],
+    policy: FourEyesPolicy,
+    action_requests: Sequence[dict[str, Any]],
+    normalised: Sequence[dict[str, Any]],
+    *,
+    decider: str,
+    requester: str | None,
+) -> None:
+    """Refuse (403 ``four_eyes_required``) a set of decisions in which the run's requester
+    approves or edits a call that needs a second person. A call needs one if its action request
+    was marked so when it was parked, or if its tool or the policy says so now."""
+    if requester is None or decider != requester:
+        return
+    marked = {r["call_id"] for r in action_requests if r.get("four_eyes")}
+    for index, decision in enumerate(normalised):
+        if decision["decision"] not in ("approve", "edit"):
+            continue
+        call_id = decision["call_id"]
+        name = next((r["action"] for r in action_requests if r["call_id"] == call_id), None)
+        tool = tools.get(name) if name is not None else None
+        if call_id in marked or (tool is not None and needs_four_eyes(tool, policy)):
+            raise Forbidden(
+                f"{name} needs four eyes: someone other than {requester!r}, who started this run, must approve it (you may still reject it)",
+                code="four_eyes_required",
+                fields=[FieldError(("decisions", index, "decision"), "needs an approver other than the run's requester", "four_eyes")],
+            )

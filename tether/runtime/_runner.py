@@ -45,7 +45,7 @@ from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store
 from ..tools import Tool, ToolArgsError, ToolContext
 from ._config import RunConfig
 from ._eventlog import EventLog
-from ._gate import action_request, is_gated, review_config
+from ._gate import FourEyesPolicy, action_request, is_gated, needs_four_eyes, review_config
 from ._history import to_chat_messages
 from ._recovery import WAITING, CheckpointRecovery
 from ._turn import CallItem, ParkedTurn, json_safe, masked_args, parse_args, turn_messages
@@ -86,8 +86,20 @@ class _ModelTurn:
 class RunExecutor(CheckpointRecovery):
     """Executes one run from its current state to a terminal event or a human pause."""
 
-    def __init__(self, store: Store, bus: Any, agent: Agent, run: RunRecord, *, resume: InterruptRecord | None = None, takeover: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        bus: Any,
+        agent: Agent,
+        run: RunRecord,
+        *,
+        resume: InterruptRecord | None = None,
+        takeover: bool = False,
+        four_eyes: FourEyesPolicy = "off",
+    ) -> None:
         self.store = store
+        #: The server's four-eyes policy: which parked calls need an approver other than the requester.
+        self.four_eyes = four_eyes
         self.agent = agent
         self.run = run
         self.resume = resume
@@ -347,7 +359,8 @@ class RunExecutor(CheckpointRecovery):
                 [
                     AuditEntry(
                         "tool_executed",
-                        "system",
+                        # Executed on the word of whoever approved it.
+                        (self.resume.resolved_by if self.resume else None) or "system",
                         self.run.thread_id,
                         self.run.id,
                         self.resume.id if self.resume else None,
@@ -387,7 +400,7 @@ class RunExecutor(CheckpointRecovery):
         now = utcnow()
         expires = now + timedelta(seconds=ttl)
         interrupt_id = new_id("int")
-        requests = [action_request(t, c.id, c.args) for t, c in zip(tools, gated, strict=True)]
+        requests = [action_request(t, c.id, c.args, four_eyes=needs_four_eyes(t, self.four_eyes)) for t, c in zip(tools, gated, strict=True)]
         for request, call in zip(requests, gated, strict=True):
             if call.outcome_unknown:
                 request["outcome_unknown"] = True

@@ -3,29 +3,43 @@
 ``create_app`` builds it; its lifespan opens the runtime (which opens the store, running
 migrations, and its bus), starts it (the agent's ``on_startup``, then recovering what a previous
 process left) and, on shutdown, closes it. Routes live one module per resource, response shapes
-in ``views``; the error mapping lives in ``_errors``.
+in ``views``; the error mapping lives in ``_errors``. Who is calling is settled once per request
+by ``_auth`` (a middleware in front of every route); what they may see and do, by ``_access``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, get_args
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from .. import __version__
 from ..agent import Agent
 from ..runtime import Runtime
-from . import _agui, _metrics, _resume, _runs, _threads
+from ..runtime._gate import FourEyesPolicy
+from ..store import Principal
+from . import _agui, _auth, _inbox, _metrics, _resume, _runs, _threads
+from ._auth import Authenticate, AuthMode, principal_of
 from ._errors import install_error_handlers
 from ._guard import RefuseNul
 from ._ui import install_ui
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "principal_of", "Principal"]
 
 
-def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0, lease_s: float = 10.0) -> FastAPI:
+def create_app(
+    agent: Agent,
+    db_url: str,
+    *,
+    sse_ping_s: float = 15.0,
+    lease_s: float = 10.0,
+    auth: AuthMode = "open",
+    four_eyes: FourEyesPolicy = "off",
+    cors_origins: Sequence[str] = (),
+) -> FastAPI:
     """Build the application serving ``agent`` on the database at ``db_url``.
 
     ``sse_ping_s`` is the longest an event stream stays silent: an idle stream gets a
@@ -33,7 +47,17 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0, lease_s: 
     how long a process's claim on a run it executes lasts without renewal: after that long
     without a heartbeat (the process died), another process sharing the PostgreSQL database
     takes the run over.
+
+    ``auth`` is ``open`` (every request is the principal ``local`` with every role; loopback
+    clients only) or ``keys`` (a bearer API key on every request but ``/healthz`` and the UI
+    shell). ``four_eyes="destructive"`` makes every destructive call need an approver other
+    than the run's requester. ``cors_origins`` are the browser origins allowed to call the API
+    from other sites (none by default).
     """
+    if auth not in get_args(AuthMode):
+        raise ValueError(f"auth must be one of {get_args(AuthMode)}")
+    if four_eyes not in get_args(FourEyesPolicy):
+        raise ValueError(f"four_eyes must be one of {get_args(FourEyesPolicy)}")
     if sse_ping_s <= 0:
         raise ValueError("sse_ping_s must be positive")
     if lease_s <= 0:
@@ -41,7 +65,7 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0, lease_s: 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = await Runtime.open(db_url, agent, lease_s=lease_s)
+        runtime = await Runtime.open(db_url, agent, lease_s=lease_s, four_eyes=four_eyes)
         app.state.runtime = runtime
         app.state.store = runtime.store
         try:
@@ -52,12 +76,25 @@ def create_app(agent: Agent, db_url: str, *, sse_ping_s: float = 15.0, lease_s: 
 
     app = FastAPI(title="Tether", version=__version__, lifespan=lifespan)
     app.state.sse_ping_s = sse_ping_s
+    app.state.auth = auth
     install_error_handlers(app)
+    # The last added runs first: CORS (answers preflights, which carry no key), then NUL, then who.
+    app.add_middleware(Authenticate, mode=auth)
     app.add_middleware(RefuseNul)
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST", "PUT", "PATCH"],
+            allow_headers=["Authorization", "Content-Type", "Accept", "Last-Event-ID"],
+            expose_headers=["Location", "X-Run-Id"],
+        )
+    app.include_router(_auth.router)
     app.include_router(_threads.router)
     app.include_router(_threads.messages_router)
     app.include_router(_runs.router)
     app.include_router(_resume.router)
+    app.include_router(_inbox.router)
     app.include_router(_metrics.router)
     app.include_router(_agui.router)
     for route in agent.routes:

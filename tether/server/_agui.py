@@ -36,7 +36,8 @@ from ..errors import Conflict, FieldError, InvalidRequest, NotFound, TetherError
 from ..runtime import Runtime, follow_run
 from ..sse import PING
 from ..store import RunRecord, Store, ThreadRecord
-from ._deps import actor_of, runtime_of, sse_ping_s_of, store_of
+from ._access import Access
+from ._deps import access_of, actor_of, runtime_of, sse_ping_s_of
 from ._errors import status_for
 from ._schemas import AguiRunInput, AguiTetherProps, ResumeThread
 from ._sse import SSE_HEADERS
@@ -109,16 +110,17 @@ def _sync_frames(body: AguiRunInput, messages: list[dict[str, Any]], run: RunRec
     ]
 
 
-async def _thread_for_run(store: Store, thread_id: str, owner: str) -> ThreadRecord:
-    """The caller's thread ``thread_id``, created (under that id) when it does not exist yet."""
+async def _thread_for_run(access: Access, thread_id: str) -> ThreadRecord:
+    """The thread ``thread_id`` the caller may start runs on, created (under that id, owned by
+    the caller) when it does not exist yet."""
     try:
-        return await store.get_thread(thread_id, owner=owner)
+        return await access.thread(thread_id, to="write")
     except NotFound:
         pass
     try:
-        return await store.create_thread(owner=owner, metadata={"agui": True}, thread_id=thread_id)
+        return await access.store.create_thread(owner=access.principal.name, metadata={"agui": True}, thread_id=thread_id)
     except Conflict:  # someone else's (or created a moment ago by a racing request)
-        return await store.get_thread(thread_id, owner=owner)
+        return await access.thread(thread_id, to="write")
 
 
 async def _stream(
@@ -235,24 +237,26 @@ async def capabilities(request: Request) -> dict[str, Any]:
 async def run_agent(request: Request, body: AguiRunInput) -> StreamingResponse:
     """Run the agent on an AG-UI ``RunAgentInput``: a new run on the matched history, or — with
     ``resume`` — the interrupted run continued with the answers; its AG-UI events stream back."""
-    store, runtime, actor = store_of(request), runtime_of(request), actor_of(request)
+    access, runtime, actor = access_of(request), runtime_of(request), actor_of(request)
+    store = access.store
     props = _props(body)
     mapper = _mapper(request, body)
     try:
         if body.resume:
-            run_id, after, snapshot = await _resume(store, runtime, body, actor)
+            run_id, after, snapshot = await _resume(access, runtime, body, actor)
             stream = _stream(store, runtime, mapper, run_id, cursor=Cursor(after), catch_up=False, snapshot=snapshot, ping_s=sse_ping_s_of(request))
             return _response(stream, run_id)
-        run, snapshot = await _start(store, runtime, body, props, actor)
+        run, snapshot = await _start(access, runtime, body, props, actor)
     except TetherError as exc:
         return _response(_frames(_error_frames(body, exc)))
     stream = _stream(store, runtime, mapper, run.id, cursor=Cursor(0), catch_up=False, snapshot=snapshot, ping_s=sse_ping_s_of(request))
     return _response(stream, run.id)
 
 
-async def _start(store: Store, runtime: Runtime, body: AguiRunInput, props: AguiTetherProps, actor: str) -> tuple[RunRecord, list[dict[str, Any]]]:
+async def _start(access: Access, runtime: Runtime, body: AguiRunInput, props: AguiTetherProps, actor: str) -> tuple[RunRecord, list[dict[str, Any]]]:
     """Start the run the client's message list asks for; the messages it starts from."""
-    thread = await _thread_for_run(store, body.thread_id, actor)
+    store = access.store
+    thread = await _thread_for_run(access, body.thread_id)
     pending = await store.pending_interrupts(thread_ids=[thread.id])
     if pending:
         ids = [agui_interrupt_id(i.id, r["call_id"]) for i in pending for r in i.action_requests]
@@ -264,26 +268,22 @@ async def _start(store: Store, runtime: Runtime, body: AguiRunInput, props: Agui
         parent_id=plan.parent_id,
         use_active_leaf=plan.use_active_leaf,
         config=props.config,
-        owner=actor,
+        requester=actor,
     )
     return run, agui_messages(await store.path_to(thread.id, run.input_message_id))
 
 
-async def _resume(store: Store, runtime: Runtime, body: AguiRunInput, actor: str) -> tuple[str, int, list[dict[str, Any]]]:
+async def _resume(access: Access, runtime: Runtime, body: AguiRunInput, actor: str) -> tuple[str, int, list[dict[str, Any]]]:
     """Decide the interrupt the resume entries answer; the run, the seq to stream after, and the
     messages as they were at the pause (the resumed run sends results of calls the client saw in
     the interrupted one)."""
     assert body.resume
-    thread = await store.get_thread(body.thread_id, owner=actor)
+    store = access.store
+    thread = await access.thread(body.thread_id)
     interrupt_ids = {tether_interrupt_id(e.interrupt_id) for e in body.resume}
     if len(interrupt_ids) != 1:
         raise InvalidRequest("the resume entries answer interrupts of different pauses", code="invalid_resume", details={"interrupts": sorted(interrupt_ids)})
-    try:
-        interrupt = await store.get_interrupt(interrupt_ids.pop())
-    except NotFound:
-        interrupt = None
-    if interrupt is None or interrupt.thread_id != thread.id:
-        raise NotFound(f"interrupt {body.resume[0].interrupt_id!r} not found in thread {thread.id!r}", code="interrupt_not_found")
+    interrupt = await access.interrupt_to_decide(thread.id, interrupt_ids.pop())
     decisions = decisions_for(interrupt.action_requests, interrupt.id, [e.model_dump(by_alias=True) for e in body.resume])
     try:
         checked = ResumeThread.model_validate({"interrupt_id": interrupt.id, "decisions": decisions})
@@ -300,12 +300,13 @@ async def _resume(store: Store, runtime: Runtime, body: AguiRunInput, actor: str
 async def connect(request: Request, body: AguiRunInput, last_event_id: str | None = Header(default=None, alias="Last-Event-ID")) -> StreamingResponse:
     """Reattach to a thread: with ``Last-Event-ID``, the frames after it (open messages reopened
     first); without, the messages so far as a snapshot and the latest run's events, live."""
-    store, runtime, actor = store_of(request), runtime_of(request), actor_of(request)
+    access, runtime = access_of(request), runtime_of(request)
+    store = access.store
     cursor = _cursor(last_event_id)
     props = _props(body)
     mapper = _mapper(request, body)
     try:
-        thread = await store.get_thread(body.thread_id, owner=actor)
+        thread = await access.thread(body.thread_id)
         runs = await store.list_runs(thread.id)
         if props.run_id is not None:
             run = next((r for r in runs if r.id == props.run_id), None)

@@ -1,4 +1,4 @@
-"""Request-scoped access to the application's store, runtime and caller."""
+"""Request-scoped access to the application's store, runtime, caller and the caller's view of the store."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ from fastapi import Request
 
 from ..runtime import Runtime
 from ..store import Store
-
-#: The actor of every request until authentication lands.
-ANONYMOUS = "anonymous"
+from ._access import Access
+from ._auth import principal_of
 
 
 def store_of(request: Request) -> Store:
-    """The application's store."""
+    """The application's store (routes read resources through :func:`access_of` instead)."""
     store: Store = request.app.state.store
     return store
 
@@ -30,5 +29,11 @@ def sse_ping_s_of(request: Request) -> float:
 
 
 def actor_of(request: Request) -> str:
-    """Who is calling (``anonymous`` until API keys are configured)."""
-    return ANONYMOUS
+    """The caller's name: the ``actor`` of what they do, the ``owner`` of what they create."""
+    return principal_of(request).name
+
+
+def access_of(request: Request) -> Access:
+    """The caller's view of the store: the one way routes read threads, runs, messages,
+    interrupts and audit entries (see ``_access.py``)."""
+    return Access(store_of(request), principal_of(request))

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import Conflict, FieldError, Forbidden, Gone, InvalidRequest, NotFound, TetherError
+from ..errors import Conflict, FieldError, Forbidden, Gone, InvalidRequest, NotFound, TetherError, Unauthorized
 
 log = logging.getLogger("tether.server")
 
@@ -27,6 +27,7 @@ _STATUS: list[tuple[type[TetherError], int]] = [
     (Conflict, 409),
     (Gone, 410),
     (Forbidden, 403),
+    (Unauthorized, 401),
 ]
 
 _HTTP_CODES = {
@@ -64,7 +65,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TetherError)
     async def tether_error(request: Request, exc: TetherError) -> JSONResponse:
         details = field_details(request, exc.fields) if exc.fields else exc.details
-        return error_response(status_for(exc), exc.code, exc.message, details)
+        response = error_response(status_for(exc), exc.code, exc.message, details)
+        if isinstance(exc, Unauthorized):
+            response.headers["WWW-Authenticate"] = 'Bearer realm="tether"'
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

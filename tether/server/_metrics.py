@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..store import RunStatus
-from ._deps import runtime_of, store_of
+from ._deps import access_of, runtime_of, store_of
 
 router = APIRouter(tags=["ops"])
 
@@ -57,7 +57,8 @@ def _snapshot_of(request: Request) -> tuple[CollectorRegistry, _Snapshot]:
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    """Prometheus text exposition."""
+    """Prometheus text exposition (needs the ``admin`` role)."""
+    access_of(request).require("admin")
     store, runtime = store_of(request), runtime_of(request)
     registry, snapshot = _snapshot_of(request)
     snapshot.runs = await store.count_runs_by_status()

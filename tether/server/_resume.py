@@ -6,8 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from ..errors import InvalidRequest
-from ._deps import actor_of, runtime_of, store_of
+from ._deps import access_of, actor_of, runtime_of
 from ._schemas import ResumeThread
 from ._views import audit_entry_view, load_run_view
 
@@ -20,12 +19,15 @@ async def resume_thread(request: Request, thread_id: str, body: ResumeThread) ->
 
     409 ``interrupt_resolved`` if someone decided first, 410 ``interrupt_expired`` after
     expiry, 422 for a wrong number of decisions or invalid edited args, 403 for a decision
-    the tool does not allow. All or nothing: on any error the interrupt stays as it was.
+    the tool does not allow, for a caller who may not decide (``not_an_approver``), or for the
+    requester's own approval of a four-eyes call (``four_eyes_required``). All or nothing: on
+    any error the interrupt stays as it was.
     """
-    await store_of(request).get_thread(thread_id, owner=actor_of(request))
+    access = access_of(request)
+    await access.interrupt_to_decide(thread_id, body.interrupt_id)
     decisions = [d.model_dump() for d in body.decisions]
     run = await runtime_of(request).resume(thread_id, body.interrupt_id, decisions, actor=actor_of(request))
-    return await load_run_view(store_of(request), run)
+    return await load_run_view(access.store, run)
 
 
 @router.get("/v1/audit")
@@ -35,14 +37,9 @@ async def list_audit(
     run_id: str | None = Query(default=None, max_length=64),
     limit: int = Query(default=1000, ge=1, le=10_000),
 ) -> dict[str, Any]:
-    """Audit entries (decisions, expiries, cancels, gated tool executions), oldest first."""
-    store = store_of(request)
-    if thread_id is None and run_id is None:
-        raise InvalidRequest("give thread_id or run_id", code="audit_filter_required")
-    if thread_id is not None:
-        await store.get_thread(thread_id, owner=actor_of(request))
-    if run_id is not None:
-        run = await store.get_run(run_id)
-        await store.get_thread(run.thread_id, owner=actor_of(request))
-    entries = await store.list_audit(thread_id=thread_id, run_id=run_id, limit=limit)
+    """Audit entries (decisions, expiries, cancels, gated tool executions, keys), oldest first.
+
+    Of a thread or run the caller may read; admins may leave both filters out (every entry).
+    """
+    entries = await access_of(request).audit(thread_id=thread_id, run_id=run_id, limit=limit)
     return {"items": [audit_entry_view(entry) for entry in entries]}

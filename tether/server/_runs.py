@@ -8,8 +8,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import InvalidRequest
-from ..store import RunRecord
-from ._deps import actor_of, runtime_of, sse_ping_s_of, store_of
+from ._deps import access_of, actor_of, runtime_of, sse_ping_s_of, store_of
 from ._schemas import CancelRun, CreateRun, MessageContent
 from ._sse import sse_response
 from ._views import load_run_view, queued_message_view, run_view
@@ -26,24 +25,18 @@ def wants_event_stream(request: Request) -> bool:
     return "text/event-stream" in request.headers.get("accept", "")
 
 
-async def _visible_run(request: Request, run_id: str) -> RunRecord:
-    store = store_of(request)
-    run = await store.get_run(run_id)
-    await store.get_thread(run.thread_id, owner=actor_of(request))  # NotFound when not the caller's
-    return run
-
-
 @router.post("/v1/threads/{thread_id}/runs", status_code=202, response_model=None)
 async def create_run(request: Request, thread_id: str, body: CreateRun) -> Response:
     """Start a run on a thread: 202 with the run, or its event stream with ``Accept: text/event-stream``."""
     runtime = runtime_of(request)
+    await access_of(request).thread(thread_id, to="write")
     run = await runtime.start_run(
         thread_id,
         content=body.input.content if body.input is not None else None,
         parent_id=body.parent_id,
         use_active_leaf="parent_id" not in body.model_fields_set,
         config=body.config,
-        owner=actor_of(request),
+        requester=actor_of(request),
     )
     headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
     if wants_event_stream(request):
@@ -54,7 +47,7 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
 @router.get("/v1/runs/{run_id}")
 async def get_run(request: Request, run_id: str) -> dict[str, Any]:
     """A run with its status and outcome."""
-    return await load_run_view(store_of(request), await _visible_run(request, run_id))
+    return await load_run_view(store_of(request), await access_of(request).run(run_id))
 
 
 @router.get("/v1/runs/{run_id}/events", response_model=None)
@@ -66,7 +59,7 @@ async def run_events(
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID"),
 ) -> Response:
     """The run's events: SSE (replay, live tail, close after terminal) or a JSON page."""
-    run = await _visible_run(request, run_id)
+    run = await access_of(request).run(run_id)
     start = after_seq or 0
     if last_event_id is not None and last_event_id.strip():
         try:
@@ -95,7 +88,7 @@ async def run_events(
 @router.post("/v1/runs/{run_id}/messages", status_code=202)
 async def steer_run(request: Request, run_id: str, body: MessageContent) -> dict[str, Any]:
     """Steer a running run: send it a message; 409 ``run_not_active`` unless it is ``running``."""
-    run = await _visible_run(request, run_id)
+    run = await access_of(request).run(run_id, to="write")
     message_id = await runtime_of(request).steer(run_id, body.content)
     return queued_message_view(message_id, run, body.content)
 
@@ -103,7 +96,7 @@ async def steer_run(request: Request, run_id: str, body: MessageContent) -> dict
 @router.post("/v1/runs/{run_id}/cancel", status_code=202)
 async def cancel_run(request: Request, run_id: str, body: CancelRun | None = None) -> JSONResponse:
     """Explicitly cancel a run (``soft`` by default). Idempotent while cancelling."""
-    await _visible_run(request, run_id)
+    await access_of(request).run(run_id, to="write")
     body = body or CancelRun()
     run = await runtime_of(request).cancel(run_id, mode=body.mode, reason=body.reason, actor=actor_of(request))
     return JSONResponse(await load_run_view(store_of(request), run), status_code=202)

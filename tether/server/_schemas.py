@@ -19,6 +19,7 @@ __all__ = [
     "MessageContent",
     "ResumeThread",
     "DecisionBody",
+    "DecideMany",
     "AguiMessage",
     "AguiResumeEntry",
     "AguiTetherProps",
@@ -238,3 +239,19 @@ class AguiRunInput(BaseModel):
         """``forwardedProps.tether``, validated (``ValidationError`` when it is wrong)."""
         props = self.forwarded_props.get("tether") if isinstance(self.forwarded_props, dict) else None
         return AguiTetherProps.model_validate(props or {})
+
+
+class DecideMany(BaseModel):
+    """``POST /v1/interrupts/decide``: the same decision for every action of several interrupts."""
+
+    model_config = _STRICT
+    interrupt_ids: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field(min_length=1, max_length=100)
+    decision: Literal["approve", "reject"]
+    reason: Text | None = Field(default=None, max_length=4000)
+
+    @field_validator("interrupt_ids")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("interrupt ids must be distinct")
+        return value

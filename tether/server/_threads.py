@@ -7,7 +7,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 
 from ..store import MessageRecord
-from ._deps import actor_of, store_of
+from ._deps import access_of, actor_of, store_of
 from ._schemas import CreateThread, MessageContent, SetActiveLeaf
 from ._views import load_thread_views, message_view, thread_view
 
@@ -16,7 +16,7 @@ router = APIRouter(prefix="/v1/threads", tags=["threads"])
 
 @router.post("", status_code=201)
 async def create_thread(request: Request, body: CreateThread | None = None) -> dict[str, Any]:
-    """Create a thread."""
+    """Create a thread, owned by the caller."""
     store = store_of(request)
     thread = await store.create_thread(owner=actor_of(request), metadata=(body or CreateThread()).metadata)
     return thread_view(thread, active_run_id=None)
@@ -25,17 +25,16 @@ async def create_thread(request: Request, body: CreateThread | None = None) -> d
 @router.get("")
 async def list_threads(request: Request, limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
     """The caller's threads, newest first."""
-    store = store_of(request)
-    items = await store.list_threads(owner=actor_of(request), limit=limit)
-    return {"items": await load_thread_views(store, items)}
+    access = access_of(request)
+    return {"items": await load_thread_views(access.store, await access.threads(limit=limit))}
 
 
 @router.get("/{thread_id}")
 async def get_thread(request: Request, thread_id: str) -> dict[str, Any]:
     """One thread, with its active run."""
-    store = store_of(request)
-    thread = await store.get_thread(thread_id, owner=actor_of(request))
-    return (await load_thread_views(store, [thread]))[0]
+    access = access_of(request)
+    thread = await access.thread(thread_id)
+    return (await load_thread_views(access.store, [thread]))[0]
 
 
 def _with_siblings(messages: list[MessageRecord], selected: list[MessageRecord]) -> list[dict[str, Any]]:
@@ -48,9 +47,9 @@ def _with_siblings(messages: list[MessageRecord], selected: list[MessageRecord])
 @router.get("/{thread_id}/messages")
 async def list_messages(request: Request, thread_id: str, view: Literal["path", "tree"] = Query(default="path")) -> dict[str, Any]:
     """The active path (root → active leaf) or the whole message tree, each with its siblings."""
-    store = store_of(request)
-    thread = await store.get_thread(thread_id, owner=actor_of(request))
-    messages = await store.thread_messages(thread.id)
+    access = access_of(request)
+    thread = await access.thread(thread_id)
+    messages = await access.store.thread_messages(thread.id)
     if view == "tree":
         return {"items": _with_siblings(messages, messages), "active_leaf_id": thread.active_leaf_id}
     by_id = {m.id: m for m in messages}
@@ -69,10 +68,10 @@ async def set_active_leaf(request: Request, thread_id: str, body: SetActiveLeaf)
 
     409 ``thread_busy`` while a run of the thread is active.
     """
-    store = store_of(request)
-    thread = await store.get_thread(thread_id, owner=actor_of(request))
-    await store.set_active_leaf(thread.id, body.message_id)
-    return (await load_thread_views(store, [await store.get_thread(thread.id)]))[0]
+    access = access_of(request)
+    thread = await access.thread(thread_id, to="write")
+    await access.store.set_active_leaf(thread.id, body.message_id)
+    return (await load_thread_views(access.store, [await access.store.get_thread(thread.id)]))[0]
 
 
 messages_router = APIRouter(prefix="/v1/messages", tags=["threads"])
@@ -81,9 +80,8 @@ messages_router = APIRouter(prefix="/v1/messages", tags=["threads"])
 @messages_router.patch("/{message_id}")
 async def edit_message(request: Request, message_id: str, body: MessageContent) -> dict[str, Any]:
     """Store the user's edited version of an assistant message as a new, active sibling."""
-    store = store_of(request)
-    original = await store.get_message(message_id)
-    await store.get_thread(original.thread_id, owner=actor_of(request))
-    edited = await store.add_edited_version(message_id, body.content)
-    siblings = [m.id for m in await store.thread_messages(edited.thread_id) if m.parent_id == edited.parent_id]
+    access = access_of(request)
+    original = await access.message(message_id, to="write")
+    edited = await access.store.add_edited_version(original.id, body.content)
+    siblings = [m.id for m in await access.store.thread_messages(edited.thread_id) if m.parent_id == edited.parent_id]
     return message_view(edited, sibling_ids=siblings)

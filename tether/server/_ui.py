@@ -69,6 +69,8 @@ def render_index() -> str:
 <div class="layout">
   <nav id="sidebar" class="sidebar" aria-label="Threads">
     <button type="button" id="new-thread" class="btn primary wide">+ New thread</button>
+    <button type="button" id="approvals-btn" class="btn wide approvals-btn" hidden>Approvals <span id="approvals-count" class="count"></span></button>
+    <div class="account"><span id="who" class="who" hidden></span><button type="button" id="sign-out" class="btn small" hidden>Sign out</button></div>
     <ul id="thread-list" class="thread-list"></ul>
   </nav>
   <div id="scrim" class="scrim" hidden></div>
@@ -107,6 +109,29 @@ def render_index() -> str:
   <div class="audit-head"><h2 id="audit-title">Audit log</h2>
   <button type="button" id="audit-close" class="btn small">Close</button></div>
   <div id="audit-body"></div>
+</dialog>
+<dialog id="approvals" class="audit" aria-labelledby="approvals-title">
+  <div class="audit-head"><h2 id="approvals-title">Approvals</h2>
+  <button type="button" id="approvals-close" class="btn small">Close</button></div>
+  <div id="approvals-list" class="approvals"></div>
+  <div class="approvals-bar">
+    <label for="approvals-reason">Reason (for a reject)</label>
+    <input id="approvals-reason" type="text" maxlength="4000" autocomplete="off">
+    <button type="button" id="approvals-approve" class="btn primary" disabled>Approve selected</button>
+    <button type="button" id="approvals-reject" class="btn danger" disabled>Reject selected</button>
+  </div>
+  <p id="approvals-status" class="approvals-status" role="status" aria-live="polite"></p>
+</dialog>
+<dialog id="signin" class="audit signin" aria-labelledby="signin-title">
+  <form id="signin-form" method="dialog">
+    <h2 id="signin-title">Sign in</h2>
+    <p>This server needs an API key (<code>tether keys create</code> makes one).</p>
+    <label for="signin-key">API key</label>
+    <input id="signin-key" type="password" autocomplete="off" spellcheck="false" required placeholder="tk_…">
+    <label class="check"><input id="signin-remember" type="checkbox"> Remember me on this browser</label>
+    <p id="signin-error" class="card-error" role="alert"></p>
+    <button type="submit" class="btn primary">Sign in</button>
+  </form>
 </dialog>
 <noscript><p class="banner">The Tether UI needs JavaScript. The API is documented at <a href="/docs">/docs</a>.</p></noscript>
 </body>

@@ -57,6 +57,7 @@ def run_view(run: RunRecord, *, pending_interrupt: dict[str, Any] | None = None)
         "started_at": _ts(run.started_at),
         "ended_at": _ts(run.ended_at),
         "error": run.error,
+        "requested_by": run.requested_by,
         "cancel": ({"mode": run.cancel_mode, "reason": run.cancel_reason, "actor": run.cancel_actor} if run.cancel_mode else None),
         "pending_interrupt": pending_interrupt,
     }
@@ -97,6 +98,7 @@ def interrupt_view(interrupt: InterruptRecord, now: datetime | None = None) -> d
         "id": interrupt.id,
         "run_id": interrupt.run_id,
         "thread_id": interrupt.thread_id,
+        "requested_by": interrupt.requested_by,
         "status": interrupt.status,
         "action_requests": interrupt.action_requests,
         "review_configs": interrupt.review_configs,

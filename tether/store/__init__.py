@@ -13,20 +13,26 @@ each a part of :class:`Store` (which ``_store`` puts together); this module only
 - ``_tree``: threads and their message trees;
 - ``_runs``: run creation, transitions and leases;
 - ``_events``: the event log and its notifications (channel names and payloads in ``notify``);
-- ``_review``: interrupts and the audit log.
+- ``_interrupts``: interrupts, the approvals inbox and the audit log;
+- ``_keys``: API keys and the principals they stand for;
+- ``_lookup``: a resource with its thread's owner, in one query (for access checks).
 """
 
 from __future__ import annotations
 
 from ..events import StoredEvent
 from ._engine import normalize_db_url
+from ._lookup import Found
 from ._records import (
     ACTIVE_RUN_STATUSES,
     EXECUTOR_RUN_STATUSES,
+    ROLES,
     TERMINAL_RUN_STATUSES,
     AuditEntry,
     InterruptRecord,
+    KeyRecord,
     MessageRecord,
+    Principal,
     RunRecord,
     RunStatus,
     ThreadRecord,
@@ -37,11 +43,15 @@ from ._store import Store
 
 __all__ = [
     "Store",
+    "Found",
     "ThreadRecord",
     "RunRecord",
     "MessageRecord",
     "InterruptRecord",
     "AuditEntry",
+    "Principal",
+    "KeyRecord",
+    "ROLES",
     "RunStatus",
     "ACTIVE_RUN_STATUSES",
     "TERMINAL_RUN_STATUSES",

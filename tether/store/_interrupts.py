@@ -1,4 +1,4 @@
-"""Store operations of human review: interrupts and the audit log.
+"""Store operations of human review: interrupts, the approvals inbox and the audit log.
 
 The transitions that matter are single transactions with conditional writes: an interrupt
 leaves ``pending`` exactly once (``UPDATE … WHERE status = 'pending'``), and in the same
@@ -23,6 +23,11 @@ from ._records import AuditEntry, InterruptRecord, RunRecord, RunStatus, audit_e
 from ._tables import audit, interrupts, runs
 
 __all__ = ["ReviewStore"]
+
+
+def _select_interrupts() -> sa.Select[Any]:
+    """Interrupts with the principal who requested their run (every read of an interrupt)."""
+    return sa.select(interrupts, runs.c.requested_by).join(runs, runs.c.id == interrupts.c.run_id)
 
 
 class ReviewStore(EventStore):
@@ -65,7 +70,7 @@ class ReviewStore(EventStore):
     async def get_interrupt(self, interrupt_id: str) -> InterruptRecord:
         """Read an interrupt; :class:`NotFound` if missing."""
         async with self._reading() as conn:
-            row = (await conn.execute(interrupts.select().where(interrupts.c.id == interrupt_id))).first()
+            row = (await conn.execute(_select_interrupts().where(interrupts.c.id == interrupt_id))).first()
         if row is None:
             raise NotFound(f"interrupt {interrupt_id!r} not found", code="interrupt_not_found")
         return interrupt_record(row)
@@ -76,21 +81,37 @@ class ReviewStore(EventStore):
             return []
         cond = sa.or_(interrupts.c.run_id.in_(list(run_ids)), interrupts.c.thread_id.in_(list(thread_ids)))
         async with self._reading() as conn:
-            rows = await conn.execute(interrupts.select().where(interrupts.c.status == "pending", cond))
+            rows = await conn.execute(_select_interrupts().where(interrupts.c.status == "pending", cond))
             return [interrupt_record(r) for r in rows]
 
     async def latest_interrupt(self, run_id: str) -> InterruptRecord | None:
         """The run's most recent interrupt."""
-        query = interrupts.select().where(interrupts.c.run_id == run_id).order_by(interrupts.c.created_at.desc()).limit(1)
+        query = _select_interrupts().where(interrupts.c.run_id == run_id).order_by(interrupts.c.created_at.desc()).limit(1)
         async with self._reading() as conn:
             row = (await conn.execute(query)).first()
         return interrupt_record(row) if row is not None else None
 
     async def due_interrupts(self, now: datetime, *, limit: int = 100) -> list[InterruptRecord]:
         """Pending interrupts whose ``expires_at`` has passed."""
-        query = interrupts.select().where(interrupts.c.status == "pending", interrupts.c.expires_at <= now).order_by(interrupts.c.expires_at).limit(limit)
+        query = _select_interrupts().where(interrupts.c.status == "pending", interrupts.c.expires_at <= now).order_by(interrupts.c.expires_at).limit(limit)
         async with self._reading() as conn:
             return [interrupt_record(r) for r in await conn.execute(query)]
+
+    async def inbox(self, *, requested_by: str | None, limit: int = 100) -> list[InterruptRecord]:
+        """Pending interrupts, soonest expiry first: of runs ``requested_by`` started, or every
+        one (``None``: for approvers and admins)."""
+        query = _select_interrupts().where(interrupts.c.status == "pending")
+        if requested_by is not None:
+            query = query.where(runs.c.requested_by == requested_by)
+        query = query.order_by(interrupts.c.expires_at, interrupts.c.id).limit(limit)
+        async with self._reading() as conn:
+            return [interrupt_record(r) for r in await conn.execute(query)]
+
+    async def has_interrupts(self, thread_id: str) -> bool:
+        """True when the thread has (or had) an interrupt: approvers may read it."""
+        query = sa.select(sa.exists().where(interrupts.c.thread_id == thread_id))
+        async with self._reading() as conn:
+            return bool((await conn.execute(query)).scalar())
 
     async def count_pending_interrupts(self) -> int:
         """How many interrupts wait for a decision (for ``/metrics``)."""
@@ -125,7 +146,7 @@ class ReviewStore(EventStore):
         Raises :class:`InterruptResolved` / :class:`InterruptExpired` when it lost.
         """
         async with self._writing() as conn:
-            row = (await conn.execute(interrupts.select().where(interrupts.c.id == interrupt_id))).first()
+            row = (await conn.execute(_select_interrupts().where(interrupts.c.id == interrupt_id))).first()
             if row is None:
                 raise NotFound(f"interrupt {interrupt_id!r} not found", code="interrupt_not_found")
             current = interrupt_record(row)
@@ -163,6 +184,7 @@ class ReviewStore(EventStore):
             current.created_at,
             current.expires_at,
             now,
+            current.requested_by,
         )
         return updated, event, run_record(run_row)
 
@@ -173,7 +195,7 @@ class ReviewStore(EventStore):
                 await conn.execute(audit.insert(), [e.values() for e in entries])
 
     async def list_audit(self, *, thread_id: str | None = None, run_id: str | None = None, limit: int = 1000) -> list[AuditEntry]:
-        """Audit entries, oldest first, filtered by thread and/or run."""
+        """Audit entries, oldest first, filtered by thread and/or run (neither: every entry)."""
         query = audit.select().order_by(audit.c.ts, audit.c.id).limit(limit)
         if thread_id:
             query = query.where(audit.c.thread_id == thread_id)

@@ -26,6 +26,9 @@ __all__ = [
     "MessageRecord",
     "InterruptRecord",
     "AuditEntry",
+    "Principal",
+    "ROLES",
+    "KeyRecord",
     "args_digest",
     "thread_record",
     "run_record",
@@ -33,6 +36,7 @@ __all__ = [
     "message_values",
     "interrupt_record",
     "audit_entry",
+    "key_record",
 ]
 
 
@@ -98,6 +102,8 @@ class RunRecord:
     #: The process executing the run (None while it waits for a human, or once it ended).
     executor_id: str | None = None
     lease_expires_at: datetime | None = None
+    #: The principal who started the run (None for runs from before identity existed).
+    requested_by: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -140,6 +146,58 @@ class InterruptRecord:
     created_at: datetime
     expires_at: datetime
     resolved_at: datetime | None
+    #: The principal who started the interrupted run (read from the run).
+    requested_by: str | None = None
+
+
+#: The roles a principal may have: ``user`` works in their own threads, ``approver`` may read
+#: threads with interrupts and decide them, ``admin`` may do everything.
+ROLES = ("user", "approver", "admin")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: a name and roles."""
+
+    name: str
+    roles: frozenset[str]
+
+    def has(self, role: str) -> bool:
+        """True when the principal holds ``role`` (``admin`` holds every role)."""
+        return role in self.roles or "admin" in self.roles
+
+    @property
+    def is_admin(self) -> bool:
+        """True for an ``admin``."""
+        return "admin" in self.roles
+
+    @property
+    def is_approver(self) -> bool:
+        """True for an ``approver`` or an ``admin``."""
+        return self.has("approver")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """An API key as stored: everything but the key (only its hash is kept, and never returned)."""
+
+    id: str
+    name: str
+    roles: tuple[str, ...]
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+    @property
+    def principal(self) -> Principal:
+        """The principal the key stands for."""
+        return Principal(self.name, frozenset(self.roles))
+
+    def usable(self, now: datetime) -> bool:
+        """True unless revoked or expired at ``now``."""
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +274,7 @@ def run_record(row: Any) -> RunRecord:
         cancel_actor=row.cancel_actor,
         executor_id=row.executor_id,
         lease_expires_at=row.lease_expires_at,
+        requested_by=row.requested_by,
     )
 
 
@@ -270,6 +329,7 @@ def interrupt_record(row: Any) -> InterruptRecord:
         created_at=as_utc(row.created_at),
         expires_at=as_utc(row.expires_at),
         resolved_at=as_utc(row.resolved_at),
+        requested_by=getattr(row, "requested_by", None),
     )
 
 
@@ -290,4 +350,18 @@ def audit_entry(row: Any) -> AuditEntry:
         details=row.details,
         id=row.id,
         ts=as_utc(row.ts),
+    )
+
+
+def key_record(row: Any) -> KeyRecord:
+    """A :class:`KeyRecord` from an ``api_keys`` row (the hash stays behind)."""
+    return KeyRecord(
+        id=row.id,
+        name=row.name,
+        roles=tuple(row.roles or ()),
+        prefix=row.prefix,
+        created_at=as_utc(row.created_at),
+        last_used_at=as_utc(row.last_used_at),
+        expires_at=as_utc(row.expires_at),
+        revoked_at=as_utc(row.revoked_at),
     )

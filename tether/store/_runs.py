@@ -54,6 +54,7 @@ class RunStore(EventStore):
         use_active_leaf: bool,
         config: dict[str, Any],
         owner: str | None = None,
+        requested_by: str | None = None,
     ) -> tuple[RunRecord, MessageRecord, StoredEvent]:
         """Create a queued run, its input and its ``run_started`` event, atomically.
 
@@ -63,6 +64,7 @@ class RunStore(EventStore):
         is the existing user message ``parent_id`` and its answer becomes a sibling of the
         earlier answers. The active leaf moves to the run's input either way.
 
+        ``requested_by`` is the principal starting the run (who may decide its interrupts).
         Raises :class:`NotFound` if the thread is missing or (given ``owner``) someone else's, and
         :class:`ThreadBusy` if it already has a non-terminal run (the partial unique index
         decides, so this holds across processes).
@@ -102,7 +104,9 @@ class RunStore(EventStore):
                     fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
                 )
             lease = self._lease_values()
-            run = RunRecord(run_id, thread_id, RunStatus.QUEUED, config, message.id, now, None, None, None, None, None, None, **lease)
+            run = RunRecord(
+                run_id, thread_id, RunStatus.QUEUED, config, message.id, now, None, None, None, None, None, None, **lease, requested_by=requested_by
+            )
             try:
                 # The first write of the transaction: if the partial unique index refuses it,
                 # nothing else has been written and the whole transaction rolls back.
@@ -114,6 +118,7 @@ class RunStore(EventStore):
                         config=config,
                         input_message_id=message.id,
                         created_at=now,
+                        requested_by=requested_by,
                         **lease,
                     )
                 )

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from ._interrupts import ReviewStore
+from ._keys import KeyStore
+from ._lookup import LookupStore
 from ._runs import RunStore
 from ._tree import TreeStore
 
 __all__ = ["Store"]
 
 
-class Store(TreeStore, RunStore, ReviewStore):
+class Store(TreeStore, RunStore, ReviewStore, KeyStore, LookupStore):
     """Async access to Tether's tables. Open with :meth:`open`, close with :meth:`aclose`.
 
-    Its operations live one concern per module (``_tree``, ``_runs``, ``_events``, ``_review``,
+    Its operations live one concern per module (``_tree``, ``_runs``, ``_events``, ``_interrupts``, ``_keys``, ``_lookup``,
     on the connections of ``_engine``); they all share this one engine and write lock.
     """

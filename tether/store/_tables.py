@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from ._records import ACTIVE_RUN_STATUSES
 
-__all__ = ["metadata", "threads", "messages", "runs", "events", "interrupts", "audit", "ACTIVE_RUN_STATUSES", "ACTIVE_RUN_SQL", "has_active_run"]
+__all__ = ["metadata", "threads", "messages", "runs", "events", "interrupts", "audit", "api_keys", "ACTIVE_RUN_STATUSES", "ACTIVE_RUN_SQL", "has_active_run"]
 
 metadata = sa.MetaData()
 
@@ -104,6 +104,8 @@ runs = sa.Table(
     # a lapsed claim lets another process take the run over.
     sa.Column("executor_id", sa.String(64), nullable=True),
     sa.Column("lease_expires_at", Timestamp, nullable=True),
+    # The principal who started the run: may decide its interrupts (unless four-eyes applies).
+    sa.Column("requested_by", sa.String(200), nullable=True),
     sa.Index("ix_runs_thread", "thread_id", "created_at"),
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
     sa.Index(
@@ -168,6 +170,26 @@ audit = sa.Table(
     sa.Column("details", JSONType, nullable=True),
     sa.Index("ix_audit_thread", "thread_id", "ts"),
     sa.Index("ix_audit_run", "run_id", "ts"),
+)
+
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    # The principal the key stands for, and its roles (``user``, ``approver``, ``admin``).
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("roles", JSONType, nullable=False),
+    # The key's first characters, to tell keys apart in listings (never enough to use it).
+    sa.Column("prefix", sa.String(32), nullable=False),
+    # SHA-256 of the whole key, hex: the key itself is never stored.
+    sa.Column("key_hash", sa.String(64), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("last_used_at", Timestamp, nullable=True),
+    sa.Column("expires_at", Timestamp, nullable=True),
+    sa.Column("revoked_at", Timestamp, nullable=True),
+    sa.Index("uq_api_keys_hash", "key_hash", unique=True),
+    sa.Index("ix_api_keys_name", "name"),
 )
 
 

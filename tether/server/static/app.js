@@ -7,6 +7,7 @@
  * - `transcript.js`: stored messages → the chat (bubbles, tool cards, branch switchers, editors);
  * - `live-run.js`: a run followed live, its events → the chat (tokens batched per frame);
  * - `approval-card.js`: the review card of an interrupt;
+ * - `approvals.js`: the Approvals view (every pending request you may decide, across threads);
  * - `dom.js`: element builder and batched text writes.
  *
  * The chat shows a thread's *active path* from stored messages. While a run is active, the part
@@ -16,14 +17,23 @@
  * compared with what the server stored (`window.tetherUI.runs[runId]`). The connection
  * indicator is the `RunStream` state: a lost network is "reconnecting", never "stopped"; only
  * the server's `cancelled` event is "stopped".
+ *
+ * Signing in: the page asks `GET /v1/me` first. In `open` mode that answers at once (`local`).
+ * In `keys` mode it is a 401 until the person pastes a key; the key is then kept in
+ * `sessionStorage` (this tab), or in `localStorage` with "remember me", and sent as a bearer
+ * header on every request, the event streams included. Signing out forgets it and reloads.
  */
 
 import { TetherClient, TetherError } from './tether-client.js';
+import { ApprovalsView } from './approvals.js';
 import { button, clock, h, spinner } from './dom.js';
 import { LiveRun, compareWithServer } from './live-run.js';
 import { renderMessages } from './transcript.js';
 
-const api = new TetherClient();
+/** Where the API key is kept: this tab only (`sessionStorage`), or with "remember me" the browser. */
+const KEY_NAME = 'tether.apiKey';
+const storedKey = () => sessionStorage.getItem(KEY_NAME) || localStorage.getItem(KEY_NAME);
+const api = new TetherClient({ apiKey: storedKey() });
 
 const $ = (id) => document.getElementById(id);
 const els = {};
@@ -338,6 +348,7 @@ async function openThread(threadId, { history = 'push' } = {}) {
 }
 
 async function refreshThreadList() {
+  if (app.approvals) app.approvals.refresh();
   let threads;
   try {
     threads = await api.listThreads();
@@ -580,19 +591,91 @@ function readSettings() {
   els.setThreshold.addEventListener('change', () => { app.settings.approval_threshold = els.setThreshold.value; });
 }
 
+// -- signing in ------------------------------------------------------------------------------
+
+/** Who is signed in: ask the server, and ask the person for a key while it answers 401. */
+async function authenticate() {
+  for (;;) {
+    try {
+      app.me = await api.me();
+      break;
+    } catch (error) {
+      if (!(error instanceof TetherError) || error.status !== 401) throw error;
+      await askForKey(storedKey() ? 'That key was not accepted (unknown, expired or revoked).' : '');
+    }
+  }
+  const { name, roles, auth } = app.me;
+  els.who.hidden = false;
+  els.who.textContent = `${name} · ${roles.join(', ')}`;
+  els.who.title = auth === 'keys' ? `Signed in as ${name}` : 'Open mode: no key needed on this machine';
+  els.signOut.hidden = auth !== 'keys';
+  els.approvalsBtn.hidden = false;
+}
+
+/** Show the sign-in dialog until the person submits a key the server accepts. */
+function askForKey(message) {
+  forgetKey();
+  const dialog = $('signin');
+  const error = $('signin-error');
+  error.textContent = message;
+  return new Promise((resolve) => {
+    const form = $('signin-form');
+    form.onsubmit = async (event) => {
+      event.preventDefault();
+      const key = $('signin-key').value.trim();
+      api.setApiKey(key);
+      try {
+        await api.me();
+      } catch (exc) {
+        api.setApiKey(null);
+        error.textContent = exc instanceof TetherError && exc.status === 401
+          ? 'That key was not accepted (unknown, expired or revoked).'
+          : `Could not sign in: ${exc.message}`;
+        return;
+      }
+      ($('signin-remember').checked ? localStorage : sessionStorage).setItem(KEY_NAME, key);
+      $('signin-key').value = '';
+      dialog.close();
+      resolve();
+    };
+    dialog.oncancel = (event) => event.preventDefault(); // nothing works without a key
+    if (!dialog.open) dialog.showModal();
+    $('signin-key').focus();
+  });
+}
+
+function forgetKey() {
+  sessionStorage.removeItem(KEY_NAME);
+  localStorage.removeItem(KEY_NAME);
+}
+
+function signOut() {
+  closeLive();
+  forgetKey();
+  api.setApiKey(null);
+  window.location.assign('/');
+}
+
 function threadFromUrl() {
   const params = new URLSearchParams(window.location.search);
   const hash = new URLSearchParams(window.location.hash.replace(/^#/, ''));
   return params.get('thread') || hash.get('thread') || null;
 }
 
-function init() {
+async function init() {
   for (const id of ['chat', 'conn', 'banner', 'input', 'send', 'stop', 'audit', 'sidebar', 'scrim', 'main']) els[id] = $(id);
   Object.assign(els, {
     statusLine: $('status-line'), stopNow: $('stop-now'), threadList: $('thread-list'), newThread: $('new-thread'),
     auditBtn: $('audit-btn'), auditBody: $('audit-body'), auditClose: $('audit-close'), threadTitle: $('thread-title'),
     toggleThreads: $('toggle-threads'), composer: $('composer'), setTtl: $('set-ttl'), setThreshold: $('set-threshold'),
-    hint: $('composer-hint'),
+    hint: $('composer-hint'), who: $('who'), signOut: $('sign-out'), approvalsBtn: $('approvals-btn'),
+  });
+  app.approvals = new ApprovalsView(api, {
+    dialog: $('approvals'), list: $('approvals-list'), reason: $('approvals-reason'), approve: $('approvals-approve'),
+    reject: $('approvals-reject'), close: $('approvals-close'), status: $('approvals-status'), count: $('approvals-count'),
+  }, {
+    openThread: (threadId) => openThread(threadId),
+    decided: () => { refreshThreadList(); if (app.threadId) refreshThread(); },
   });
   // Focus that leaves the chat for nowhere (a control disabled or removed under it) is lost,
   // and the next render puts it somewhere sensible; focus that moves anywhere else is not.
@@ -617,6 +700,8 @@ function init() {
   els.newThread.addEventListener('click', () => { openThread(null); els.input.focus(); });
   els.auditBtn.addEventListener('click', openAudit);
   els.auditClose.addEventListener('click', () => els.audit.close());
+  els.approvalsBtn.addEventListener('click', () => app.approvals.open());
+  els.signOut.addEventListener('click', signOut);
   els.toggleThreads.addEventListener('click', () => (sidebarOpen() ? closeSidebar() : openSidebar()));
   els.scrim.addEventListener('click', (event) => {
     event.preventDefault();
@@ -625,7 +710,7 @@ function init() {
   narrow.addEventListener('change', syncDrawer);
   syncDrawer();
   document.addEventListener('keydown', (event) => {
-    if (event.key !== 'Escape' || event.defaultPrevented || els.audit.open) return;
+    if (event.key !== 'Escape' || event.defaultPrevented || document.querySelector('dialog[open]')) return;
     if (sidebarOpen()) {
       closeSidebar({ returnFocus: true });
       return;
@@ -642,6 +727,12 @@ function init() {
     stop('soft');
   });
   window.addEventListener('popstate', () => openThread(threadFromUrl(), { history: 'none' }));
+  try {
+    await authenticate();
+  } catch (error) {
+    showError(error, 'Could not start: ');
+    return;
+  }
   refreshThreadList();
   openThread(threadFromUrl(), { history: 'replace' });
   document.body.dataset.ready = 'true';

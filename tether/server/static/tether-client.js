@@ -100,14 +100,26 @@ export class TetherClient {
   /**
    * @param {object} [options]
    * @param {string} [options.baseUrl='']   e.g. "https://agents.example.com" ('' = same origin)
-   * @param {Record<string, string>} [options.headers]  sent with every request (e.g. Authorization)
+   * @param {string|null} [options.apiKey]  an API key (`tk_…`), sent as `Authorization: Bearer …`
+   *   on every request, event streams included (never in a URL)
+   * @param {Record<string, string>} [options.headers]  sent with every request
    * @param {typeof fetch} [options.fetch]
    */
-  constructor({ baseUrl = '', headers = {}, fetch: fetchImpl } = {}) {
+  constructor({ baseUrl = '', apiKey = null, headers = {}, fetch: fetchImpl } = {}) {
     this.baseUrl = baseUrl.replace(/\/+$/, '');
     this.headers = { ...headers };
     this._fetch = fetchImpl || globalThis.fetch.bind(globalThis);
+    this.setApiKey(apiKey);
   }
+
+  /** Use `apiKey` from now on (`null`: none, e.g. after signing out). @param {string|null} apiKey */
+  setApiKey(apiKey) {
+    if (apiKey) this.headers.Authorization = `Bearer ${apiKey}`;
+    else delete this.headers.Authorization;
+  }
+
+  /** Who the server takes this client for. @returns {Promise<{name: string, roles: string[], auth: 'open'|'keys'}>} */
+  me() { return this.request('GET', '/v1/me'); }
 
   /**
    * One JSON request. Throws `TetherError` for an error status or an unreachable server.
@@ -199,6 +211,20 @@ export class TetherClient {
    */
   resume(threadId, interruptId, decisions) {
     return this.request('POST', `/v1/threads/${enc(threadId)}/resume`, { interrupt_id: interruptId, decisions });
+  }
+  /** The approvals inbox: pending interrupts this caller may decide, soonest expiry first. @returns {Promise<any[]>} */
+  async inbox({ limit = 100 } = {}) { return (await this.request('GET', `/v1/interrupts?status=pending&limit=${limit}`)).items; }
+  /**
+   * Approve or reject every action of several interrupts; one result per id
+   * (`{interrupt_id, status, run, error}`), each decided on its own.
+   * @param {string[]} interruptIds @param {'approve'|'reject'} decision @param {string} [reason]
+   * @returns {Promise<any[]>}
+   */
+  async decideMany(interruptIds, decision, reason) {
+    /** @type {Record<string, any>} */
+    const body = { interrupt_ids: interruptIds, decision };
+    if (reason) body.reason = reason;
+    return (await this.request('POST', '/v1/interrupts/decide', body)).items;
   }
   /** @param {{threadId?: string, runId?: string}} filter @returns {Promise<any[]>} */
   async audit({ threadId, runId } = {}) {

@@ -1,0 +1,72 @@
+"""Lookups for access checks: a resource by id, with what decides who may see it, in one query.
+
+Each returns the record together with its thread's ``owner`` and whether that thread has (or
+had) an interrupt (approvers may read those), or None. One query whether the resource exists,
+belongs to the caller or not: a resource you may not see costs the server the same work as a
+missing one, so the time of a 404 tells nothing. The rules themselves live in the server's
+``_access``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import sqlalchemy as sa
+
+from ._engine import StoreBase
+from ._records import MessageRecord, RunRecord, ThreadRecord, message_record, run_record, thread_record
+from ._tables import interrupts, messages, runs, threads
+
+__all__ = ["Found", "LookupStore"]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Found(Generic[R]):
+    """A resource and what its visibility depends on."""
+
+    record: R
+    thread_id: str
+    #: The principal who owns the resource's thread.
+    owner: str
+    #: True when the thread has (or had) an interrupt.
+    reviewable: bool
+
+
+def _reviewable(thread_id: Any) -> sa.Label[bool]:
+    return sa.exists().where(interrupts.c.thread_id == thread_id).label("tether_reviewable")
+
+
+class LookupStore(StoreBase):
+    """Access-check lookups of :class:`~tether.store.Store`."""
+
+    async def find_thread(self, thread_id: str) -> Found[ThreadRecord] | None:
+        """A thread, its owner and whether it has interrupts; None if missing."""
+        query = sa.select(threads, _reviewable(threads.c.id)).where(threads.c.id == thread_id)
+        async with self._reading() as conn:
+            row = (await conn.execute(query)).first()
+        return None if row is None else Found(thread_record(row), row.id, row.owner, bool(row.tether_reviewable))
+
+    async def find_run(self, run_id: str) -> Found[RunRecord] | None:
+        """A run, its thread's owner and whether that thread has interrupts; None if missing."""
+        query = (
+            sa.select(runs, threads.c.owner.label("tether_owner"), _reviewable(runs.c.thread_id))
+            .join(threads, threads.c.id == runs.c.thread_id)
+            .where(runs.c.id == run_id)
+        )
+        async with self._reading() as conn:
+            row = (await conn.execute(query)).first()
+        return None if row is None else Found(run_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))
+
+    async def find_message(self, message_id: str) -> Found[MessageRecord] | None:
+        """A message, its thread's owner and whether that thread has interrupts; None if missing."""
+        query = (
+            sa.select(messages, threads.c.owner.label("tether_owner"), _reviewable(messages.c.thread_id))
+            .join(threads, threads.c.id == messages.c.thread_id)
+            .where(messages.c.id == message_id)
+        )
+        async with self._reading() as conn:
+            row = (await conn.execute(query)).first()
+        return None if row is None else Found(message_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))
