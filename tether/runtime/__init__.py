@@ -25,11 +25,12 @@ from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, R
 from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
 from ..store import AuditEntry, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
+from ._cancel import as_cancel_mode, cancelled_event
 from ._config import RunConfig
 from ._follow import follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
 from ._pgbus import PostgresBus
-from ._runner import RunExecutor, as_cancel_mode, cancelled_event
+from ._runner import RunExecutor
 from ._turn import ParkedTurn, turn_messages
 
 __all__ = ["Runtime", "RunConfig", "LocalBus", "Subscription", "follow_run"]

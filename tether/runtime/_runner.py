@@ -32,7 +32,7 @@ import logging
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 
@@ -43,6 +43,7 @@ from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, ToolCa
 from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
 from ..tools import Tool, ToolArgsError, ToolContext
+from ._cancel import CancelMode, as_cancel_mode, cancelled_event
 from ._config import RunConfig
 from ._eventlog import EventLog
 from ._gate import FourEyesPolicy, action_request, is_gated, needs_four_eyes, review_config
@@ -50,26 +51,9 @@ from ._history import to_chat_messages
 from ._recovery import WAITING, CheckpointRecovery
 from ._turn import CallItem, ParkedTurn, json_safe, masked_args, parse_args, turn_messages
 
-__all__ = ["RunExecutor", "CancelMode", "as_cancel_mode", "cancelled_event"]
+__all__ = ["RunExecutor"]
 
 logger = logging.getLogger("tether.runtime")
-
-CancelMode = Literal["soft", "hard"]
-
-
-def as_cancel_mode(value: str | None) -> CancelMode:
-    """A stored or sent cancel mode as the executor takes it (anything but ``hard`` is soft)."""
-    return "hard" if value == "hard" else "soft"
-
-
-def cancelled_event(run: RunRecord, *, mode: CancelMode | None = None, partial_message_id: str | None = None) -> Cancelled:
-    """The ``cancelled`` event that ends ``run``, from its recorded cancel request."""
-    return Cancelled(
-        mode=as_cancel_mode(run.cancel_mode or mode),
-        reason=run.cancel_reason,
-        actor=run.cancel_actor,
-        partial_message_id=partial_message_id,
-    )
 
 
 @dataclass(slots=True)
