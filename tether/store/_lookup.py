@@ -9,6 +9,7 @@ missing one, so the time of a 404 tells nothing. The rules themselves live in th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -51,22 +52,20 @@ class LookupStore(StoreBase):
 
     async def find_run(self, run_id: str) -> Found[RunRecord] | None:
         """A run, its thread's owner and whether that thread has interrupts; None if missing."""
-        query = (
-            sa.select(runs, threads.c.owner.label("tether_owner"), _reviewable(runs.c.thread_id))
-            .join(threads, threads.c.id == runs.c.thread_id)
-            .where(runs.c.id == run_id)
-        )
-        async with self._reading() as conn:
-            row = (await conn.execute(query)).first()
-        return None if row is None else Found(run_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))
+        return await self._find_in_thread(runs, run_id, run_record)
 
     async def find_message(self, message_id: str) -> Found[MessageRecord] | None:
         """A message, its thread's owner and whether that thread has interrupts; None if missing."""
+        return await self._find_in_thread(messages, message_id, message_record)
+
+    async def _find_in_thread(self, table: sa.Table, row_id: str, to_record: Callable[[Any], R]) -> Found[R] | None:
+        """A row of ``table`` (which has ``thread_id``) with its thread's owner and whether that
+        thread has interrupts, in one query."""
         query = (
-            sa.select(messages, threads.c.owner.label("tether_owner"), _reviewable(messages.c.thread_id))
-            .join(threads, threads.c.id == messages.c.thread_id)
-            .where(messages.c.id == message_id)
+            sa.select(table, threads.c.owner.label("tether_owner"), _reviewable(table.c.thread_id))
+            .join(threads, threads.c.id == table.c.thread_id)
+            .where(table.c.id == row_id)
         )
         async with self._reading() as conn:
             row = (await conn.execute(query)).first()
-        return None if row is None else Found(message_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))
+        return None if row is None else Found(to_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))
