@@ -3,13 +3,21 @@
 Anything about live streams, disconnects and cancellation goes through a real uvicorn socket:
 in-process ASGI test clients buffer whole bodies and hide exactly those bugs. The server runs
 in its own thread with its own event loop, as it would in its own process.
+
+Every test is checked for server errors (:func:`no_unexpected_server_errors`): a test fails if a
+server it ran logged an ``ERROR`` or a traceback — in this process (a :class:`LiveServer`) or in
+a child process (a :class:`ServerProcess`'s log) — unless the test declares it expects one with
+``@pytest.mark.server_errors(pattern, …)``. A crashed run or an unhandled exception can then
+never hide behind a test that only looked at the HTTP answers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,6 +44,59 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+class _ErrorRecords(logging.Handler):
+    """Collects every record at ``ERROR`` or above, and every record carrying a traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR or record.exc_info:
+            self.records.append(record)
+
+
+_ERROR_RECORDS = _ErrorRecords()
+logging.getLogger().addHandler(_ERROR_RECORDS)
+
+#: The log files of the child server processes started by the current test.
+_CHILD_LOGS: list[Path] = []
+
+#: What marks an error in a child server's log: a level (uvicorn's ``ERROR:``, Tether's
+#: ``ERROR name:``) or the first line of a traceback.
+_CHILD_ERROR = re.compile(r"(^|\s)ERROR[:\s]|Traceback \(most recent call last\)")
+
+
+#: Errors that are not the server's: SQLAlchemy's aiosqlite adapter closes a connection whose
+#: checkout was cancelled (a stream closed mid-read) in a task of its own; when the server's loop
+#: ends right then, asyncio reports that task at garbage collection, whoever runs then.
+_ALWAYS_ALLOWED = [re.compile(r"Task was destroyed but it is pending!.*_terminate_graceful_close", re.S)]
+
+
+@pytest.fixture(autouse=True)
+def no_unexpected_server_errors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test if a server of it logged an error or a traceback it did not expect."""
+    _ERROR_RECORDS.records.clear()
+    _CHILD_LOGS.clear()
+    yield
+    marker = request.node.get_closest_marker("server_errors")
+    allowed = [re.compile(p) for p in (marker.args if marker else ())]
+    problems: list[str] = []
+    for record in list(_ERROR_RECORDS.records):
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" [{type(record.exc_info[1]).__name__}: {record.exc_info[1]}]"
+        problems.append(f"{record.levelname} {record.name}: {text}")
+    for path in _CHILD_LOGS:
+        if path.exists():
+            lines = path.read_text(errors="replace").splitlines()
+            problems += [f"{path.name}: {line}" for line in lines if _CHILD_ERROR.search(line)]
+    unexpected = [p for p in problems if not any(a.search(p) for a in [*allowed, *_ALWAYS_ALLOWED])]
+    _ERROR_RECORDS.records.clear()
+    if unexpected:
+        pytest.fail("a server logged unexpected errors:\n  " + "\n  ".join(unexpected[:20]), pytrace=False)
+
+
 class LiveServer:
     """A uvicorn server running ``create_app(agent, db_url, **app_options)`` in a background thread."""
 
@@ -43,7 +104,8 @@ class LiveServer:
         self.agent = agent
         self.db_url = db_url
         self.app = create_app(agent, db_url, **app_options)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+        # log_config=None: uvicorn's loggers propagate to the root, where the error check sees them.
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", log_config=None, lifespan="on", timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="tether-test-server", daemon=True)
         self.url = ""
@@ -176,6 +238,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        _CHILD_LOGS.append(log_path)  # checked for errors when the test ends
 
     def start(self) -> ServerProcess:
         log = open(self.log_path, "ab")

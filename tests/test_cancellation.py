@@ -210,8 +210,9 @@ async def test_soft_cancel_during_the_model_stream_also_stops_it_at_once(http: h
 
 
 async def wait_inside_the_sleep_tool(client: AsyncClient, run_id: str) -> tuple[list[Envelope], AsyncIterator[Envelope]]:
-    seen, stream = await stream_until(client, run_id, lambda e: e.type == "tool_call")
-    await asyncio.sleep(0.3)  # the tool_call event precedes execution: let the tool start
+    # The ``status`` event of the tool stage is emitted as the tools start and reaches a client
+    # only after its commit, by which time the tool task is already inside its sleep.
+    seen, stream = await stream_until(client, run_id, lambda e: e.type == "status" and e.data["stage"] == "tool")
     return seen, stream
 
 

@@ -15,6 +15,7 @@ PUBLIC = [
     "ToolContext",
     "Sensitive",
     "RunConfig",
+    "HistoryPolicy",
     "Model",
     "ModelRequest",
     "ChatMessage",
@@ -40,9 +41,13 @@ PUBLIC = [
     "InterruptExpired",
     "Unauthorized",
     "Forbidden",
+    "PayloadTooLarge",
+    "LimitExceeded",
+    "Overloaded",
     "ModelError",
     "EventLogFailed",
     "APIError",
+    "ServerUnreachable",
 ]
 
 

@@ -164,8 +164,8 @@ async def test_a_read_only_tool_cut_off_by_a_kill_is_run_again_after_the_restart
             async for event in events:
                 if event.type == "tool_call":
                     call_id = event.data["call_id"]
-                    break
-        await asyncio.sleep(0.3)  # the tool is sleeping now
+                if event.type == "status" and event.data["stage"] == "tool":
+                    break  # emitted as the tool starts, seen after its commit: the tool is sleeping now
     first.kill()
 
     second = start_server(processes, tmp_path)

@@ -20,9 +20,13 @@ from .errors import (
     InterruptExpired,
     InterruptResolved,
     InvalidRequest,
+    LimitExceeded,
     ModelError,
     NotFound,
+    Overloaded,
+    PayloadTooLarge,
     RunNotActive,
+    ServerUnreachable,
     TetherError,
     ThreadBusy,
     ToolArgsError,
@@ -35,7 +39,7 @@ from .tools import Sensitive, Tool, ToolContext, tool
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
-    from .runtime import RunConfig
+    from .runtime import HistoryPolicy, RunConfig
     from .server import create_app
 
 __version__ = "0.1.0"
@@ -49,6 +53,7 @@ __all__ = [
     "ToolContext",
     "Sensitive",
     "RunConfig",
+    "HistoryPolicy",
     # models
     "Model",
     "ModelRequest",
@@ -78,12 +83,16 @@ __all__ = [
     "InterruptExpired",
     "Unauthorized",
     "Forbidden",
+    "PayloadTooLarge",
+    "LimitExceeded",
+    "Overloaded",
     "ModelError",
     "EventLogFailed",
     "APIError",
+    "ServerUnreachable",
 ]
 
-_LAZY = {"create_app": "server", "AsyncClient": "client", "Client": "client", "RunConfig": "runtime"}
+_LAZY = {"create_app": "server", "AsyncClient": "client", "Client": "client", "RunConfig": "runtime", "HistoryPolicy": "runtime"}
 
 
 def __getattr__(name: str) -> Any:

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 from .models import Model, ToolSpec
 from .tools import Tool
 
-if TYPE_CHECKING:  # for the annotation only: the agent itself does not need a web framework
+if TYPE_CHECKING:  # for the annotations only: the agent itself needs neither a web framework nor a database
     from starlette.routing import BaseRoute
+
+    from .runtime import HistoryPolicy
 
 __all__ = ["Agent"]
 
@@ -20,6 +22,7 @@ class Agent:
     ``on_startup`` is awaited once when a server starts, with the server's store, so an agent can
     set up what its tools need (the demo shop creates its effects table there). ``routes`` are
     extra Starlette routes mounted next to the API (the demo's ``/v1/demo/effects``).
+    ``history`` bounds what of a thread the model is given (default: ``HistoryPolicy()``).
     """
 
     def __init__(
@@ -32,6 +35,7 @@ class Agent:
         max_steps: int = 25,
         on_startup: Callable[[Any], Awaitable[None]] | None = None,
         routes: Sequence[BaseRoute] = (),
+        history: HistoryPolicy | None = None,
     ) -> None:
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
@@ -46,6 +50,8 @@ class Agent:
         self.max_steps = max_steps
         self.on_startup = on_startup
         self.routes = list(routes)
+        #: What of a thread's active path the model is given; ``None``: the default policy.
+        self.history = history
 
     def tool_specs(self) -> list[ToolSpec]:
         """The tools as the model sees them."""

@@ -60,6 +60,36 @@ def load_agent(spec: str) -> Agent:
     return obj
 
 
+#: The ``tether serve`` / ``tether demo`` options that set :class:`~tether.server.Limits` fields.
+_LIMIT_OPTIONS = {
+    "max_body_bytes": ("--max-body-bytes", "Largest request body in bytes, refused (413) before parsing."),
+    "requests_per_minute": ("--requests-per-minute", "Requests to /v1 per caller per minute (429 beyond)."),
+    "run_starts_per_minute": ("--run-starts-per-minute", "Run starts per caller per minute (429 beyond)."),
+    "max_active_runs_per_caller": ("--max-active-runs", "Runs of one caller queued or running at once (429 beyond)."),
+    "max_streams_per_caller": ("--max-streams-per-caller", "Open event streams per caller in this process (429 beyond)."),
+    "max_streams": ("--max-streams", "Open event streams in this process (503 beyond)."),
+    "max_queued_messages": ("--max-queued-messages", "Steering messages a run holds for its next model call (429 beyond)."),
+    "stream_buffer_bytes": ("--stream-buffer-bytes", "Bytes of events a slow stream may have waiting before it is cut (it resumes)."),
+}
+
+#: Connections uvicorn serves at once before answering 503 (event streams are connections too).
+MAX_CONNECTIONS = 12_000
+#: Seconds an idle keep-alive connection stays open.
+KEEP_ALIVE_S = 5
+
+
+def _log_config() -> dict[str, Any]:
+    """uvicorn's logging, plus Tether's own loggers with their level in every line (so an
+    ``ERROR`` in a server log is always findable)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config: dict[str, Any] = {**LOGGING_CONFIG, "formatters": dict(LOGGING_CONFIG["formatters"]), "handlers": dict(LOGGING_CONFIG["handlers"])}
+    config["formatters"]["tether"] = {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}
+    config["handlers"]["tether"] = {"formatter": "tether", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}
+    config["loggers"] = {**LOGGING_CONFIG["loggers"], "tether": {"handlers": ["tether"], "level": "INFO", "propagate": False}}
+    return config
+
+
 def _is_loopback_host(host: str) -> bool:
     from .server._auth import is_loopback
 
@@ -81,19 +111,42 @@ def _auth_mode(host: str, auth: str | None) -> Literal["open", "keys"]:
     return "open" if auth == "open" else "keys"
 
 
-def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lease_seconds: float, options: dict[str, Any]) -> None:
+def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lease_seconds: float, max_connections: int, options: dict[str, Any]) -> None:
     import uvicorn
 
-    from .server import create_app
+    from .server import Limits, create_app
 
     auth = _auth_mode(host, options["auth"])
     four_eyes: Literal["off", "destructive"] = "destructive" if options["four_eyes"] == "destructive" else "off"
-    app = create_app(agent, db, lease_s=lease_seconds, auth=auth, four_eyes=four_eyes, cors_origins=options["cors_origin"])
+    limits = Limits(**{name: options[name] for name in _LIMIT_OPTIONS})
+    app = create_app(agent, db, lease_s=lease_seconds, auth=auth, four_eyes=four_eyes, cors_origins=options["cors_origin"], limits=limits)
     click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {db}, auth: {auth})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=3)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        log_config=_log_config(),
+        timeout_graceful_shutdown=3,
+        limit_concurrency=max_connections,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        backlog=2048,
+    )
 
 
 def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
+    from .server._limits import Limits
+
+    defaults = Limits()
+    for field, (flag, text) in reversed(_LIMIT_OPTIONS.items()):
+        fn = click.option(flag, field, default=getattr(defaults, field), show_default=True, type=click.IntRange(min=1), help=text)(fn)
+    fn = click.option(
+        "--max-connections",
+        default=MAX_CONNECTIONS,
+        show_default=True,
+        type=click.IntRange(min=1),
+        help="Connections served at once, event streams included (503 beyond).",
+    )(fn)
     fn = click.option(
         "--cors-origin",
         multiple=True,
@@ -137,10 +190,10 @@ def main() -> None:
 @main.command()
 @click.argument("app")
 @_server_options
-def serve(app: str, host: str, port: int, db: str | None, log_level: str, lease_seconds: float, **options: Any) -> None:
+def serve(app: str, host: str, port: int, db: str | None, log_level: str, lease_seconds: float, max_connections: int, **options: Any) -> None:
     """Serve the agent APP (module:attr)."""
     _auth_mode(host, options["auth"])  # refuse a bad combination before importing anything
-    _run_server(load_agent(app), host, port, db or default_db_url("tether"), log_level, lease_seconds, options)
+    _run_server(load_agent(app), host, port, db or default_db_url("tether"), log_level, lease_seconds, max_connections, options)
 
 
 @main.command()
@@ -148,7 +201,15 @@ def serve(app: str, host: str, port: int, db: str | None, log_level: str, lease_
 @click.option("--openai-model", default=None, envvar="TETHER_OPENAI_MODEL", help="Use an OpenAI-compatible model instead of the scripted one.")
 @click.option("--openai-base-url", default=None, envvar="TETHER_OPENAI_BASE_URL", help="Base URL of the OpenAI-compatible API.")
 def demo(
-    host: str, port: int, db: str | None, log_level: str, lease_seconds: float, openai_model: str | None, openai_base_url: str | None, **options: Any
+    host: str,
+    port: int,
+    db: str | None,
+    log_level: str,
+    lease_seconds: float,
+    max_connections: int,
+    openai_model: str | None,
+    openai_base_url: str | None,
+    **options: Any,
 ) -> None:
     """Serve the built-in demo shop agent (scripted model, no keys needed)."""
     from .demo import build_demo_agent
@@ -159,7 +220,7 @@ def demo(
         from .models.openai import OpenAIModel
 
         model = OpenAIModel(openai_model, base_url=openai_base_url)
-    _run_server(build_demo_agent(model), host, port, db or default_db_url("demo"), log_level, lease_seconds, options)
+    _run_server(build_demo_agent(model), host, port, db or default_db_url("demo"), log_level, lease_seconds, max_connections, options)
 
 
 @main.command()
@@ -173,12 +234,14 @@ def chat(url: str, thread_id: str | None) -> None:
     import asyncio
 
     from ._chat import run_chat
-    from .client import APIError
+    from .client import APIError, ServerUnreachable
 
     try:
         asyncio.run(run_chat(url, thread_id))
     except APIError as exc:
         raise click.ClickException(f"{exc.status} {exc.code}: {exc.message}") from None
+    except ServerUnreachable as exc:
+        raise click.ClickException(exc.message) from None
     except OSError as exc:
         raise click.ClickException(f"cannot reach {url}: {exc}") from None
 
@@ -193,7 +256,7 @@ def audit(url: str, thread_id: str | None, run_id: str | None, as_json: bool) ->
     import asyncio
     import json
 
-    from .client import APIError, AsyncClient
+    from .client import APIError, AsyncClient, ServerUnreachable
 
     if not thread_id and not run_id:
         raise click.UsageError("give --thread or --run")
@@ -206,6 +269,8 @@ def audit(url: str, thread_id: str | None, run_id: str | None, as_json: bool) ->
         entries = asyncio.run(fetch())
     except APIError as exc:
         raise click.ClickException(f"{exc.status} {exc.code}: {exc.message}") from None
+    except ServerUnreachable as exc:
+        raise click.ClickException(exc.message) from None
     except OSError as exc:
         raise click.ClickException(f"cannot reach {url}: {exc}") from None
     for e in entries:

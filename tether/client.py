@@ -8,6 +8,13 @@ a run is the explicit :meth:`AsyncClient.cancel`.
 
 ``api_key`` (default: ``$TETHER_API_KEY``) is sent as ``Authorization: Bearer …`` on every
 request, the event streams included; it never goes into a URL.
+Reconnecting is bounded: ``max_retries`` attempts in a row that bring no new event, or
+``retry_deadline_s`` seconds without one, and :meth:`~AsyncClient.follow` gives up with
+:class:`~tether.errors.ServerUnreachable` (the run itself goes on; follow it again later). A
+server that answers 429 or 503 is retried after its ``Retry-After``, within the same budget;
+any other error answer is raised at once as :class:`~tether.errors.APIError`. A request that
+cannot reach the server raises :class:`~tether.errors.ServerUnreachable`, never a bare
+transport error.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from types import TracebackType
@@ -23,10 +31,13 @@ from typing import Any
 import httpx
 from httpx_sse import aconnect_sse
 
-from .errors import APIError, TetherError
+from .errors import APIError, ServerUnreachable, TetherError
 from .events import Envelope
 
-__all__ = ["AsyncClient", "Client", "APIError"]
+__all__ = ["AsyncClient", "Client", "APIError", "ServerUnreachable"]
+
+#: Answers worth retrying a stream on: the server is overloaded or briefly failing.
+_RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -50,12 +61,20 @@ class AsyncClient:
         api_key: str | None = None,
         timeout: float = 30.0,
         max_backoff: float = 5.0,
+        max_retries: int = 10,
+        retry_deadline_s: float = 60.0,
     ) -> None:
         if api_key is None:
             api_key = os.environ.get("TETHER_API_KEY") or None
+        if max_retries < 0 or retry_deadline_s <= 0:
+            raise ValueError("max_retries must be >= 0 and retry_deadline_s positive")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
         self._max_backoff = max_backoff
+        #: Reconnects in a row without a new event before :meth:`follow` gives up.
+        self.max_retries = max_retries
+        #: Seconds without a new event (while reconnecting) before :meth:`follow` gives up.
+        self.retry_deadline_s = retry_deadline_s
         #: How many times :meth:`stream` reconnected, over this client's life.
         self.reconnects = 0
 
@@ -70,7 +89,10 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _json(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
-        response = await self._http.request(method, url, **kwargs)
+        try:
+            response = await self._http.request(method, url, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"{method} {url}: cannot reach {self._http.base_url}: {exc!r}") from exc
         _raise_for(response)
         body: dict[str, Any] = response.json()
         return body
@@ -99,9 +121,22 @@ class AsyncClient:
         """The caller's threads, newest first."""
         return await self._items("/v1/threads")
 
-    async def messages(self, thread_id: str, *, view: str = "path") -> list[dict[str, Any]]:
-        """The thread's active path (``view="path"``) or whole tree (``"tree"``)."""
-        return await self._items(f"/v1/threads/{thread_id}/messages", params={"view": view})
+    async def messages(self, thread_id: str, *, view: str = "path", page_size: int = 1000) -> list[dict[str, Any]]:
+        """The thread's whole active path (``view="path"``) or whole tree (``"tree"``), oldest
+        first, read page by page (the API pages it; a path page goes back from the leaf)."""
+        pages: list[list[dict[str, Any]]] = []
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"view": view, "limit": page_size}
+            if cursor is not None:
+                params["cursor"] = cursor
+            body = await self._json("GET", f"/v1/threads/{thread_id}/messages", params=params)
+            pages.append(body["items"])
+            cursor = body.get("next_cursor")
+            if cursor is None:
+                break
+        ordered = reversed(pages) if view == "path" else iter(pages)
+        return [message for page in ordered for message in page]
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -132,10 +167,17 @@ class AsyncClient:
 
     async def follow(self, run_id: str, *, after_seq: int = 0) -> AsyncGenerator[Envelope, None]:
         """Yield the run's events with ``seq > after_seq``, in order, each once, through the
-        terminal event; reconnects from the last yielded seq whenever the connection drops."""
+        terminal event; reconnects from the last yielded seq whenever the connection drops.
+
+        Gives up with :class:`~tether.errors.ServerUnreachable` after ``max_retries`` reconnects
+        in a row, or ``retry_deadline_s`` seconds, without a new event."""
         last = after_seq
         backoff = 0.05
+        failures = 0  # attempts in a row that brought no new event
+        failing_since = 0.0
         while True:
+            cause: str = "the stream ended before the run's terminal event"
+            wait = 0.0
             try:
                 async with aconnect_sse(
                     self._http,
@@ -146,25 +188,41 @@ class AsyncClient:
                 ) as source:
                     if not source.response.is_success:
                         await source.response.aread()
-                        _raise_for(source.response)
-                    async for sse in source.aiter_sse():
-                        if sse.event in ("", "message") and not sse.data:
-                            continue
-                        envelope = Envelope.from_json(sse.data)
-                        if envelope.seq <= last:
-                            continue  # already yielded (never happens with a correct server)
-                        if envelope.seq != last + 1:
-                            raise TetherError(f"gap in run {run_id}: expected seq {last + 1}, got {envelope.seq}", code="stream_gap")
-                        last = envelope.seq
-                        backoff = 0.05
-                        yield envelope
-                        if envelope.terminal:
-                            return
-            except (httpx.TransportError, httpx.RemoteProtocolError):
-                pass  # a dropped connection: reconnect below
-            # The stream ended without a terminal event (server restart, proxy cut): catch up.
+                        if source.response.status_code not in _RETRYABLE_STATUSES:
+                            _raise_for(source.response)
+                        cause = f"the server answered {source.response.status_code}"
+                        wait = _retry_after(source.response)
+                    else:
+                        async for sse in source.aiter_sse():
+                            if sse.event in ("", "message") and not sse.data:
+                                continue
+                            envelope = Envelope.from_json(sse.data)
+                            if envelope.seq <= last:
+                                continue  # already yielded (never happens with a correct server)
+                            if envelope.seq != last + 1:
+                                raise TetherError(f"gap in run {run_id}: expected seq {last + 1}, got {envelope.seq}", code="stream_gap")
+                            last = envelope.seq
+                            backoff = 0.05
+                            failures = 0
+                            yield envelope
+                            if envelope.terminal:
+                                return
+            except httpx.TransportError as exc:
+                cause = f"the connection failed: {exc!r}"  # a dropped connection: reconnect below
+            # The stream ended without a terminal event (server restart, proxy cut): catch up,
+            # unless the budget is spent.
+            failures += 1
+            if failures == 1:
+                failing_since = time.monotonic()
+            delay = max(wait, backoff * (1 + random.random() * 0.2))
+            waited = time.monotonic() - failing_since
+            if failures > self.max_retries or waited + delay > self.retry_deadline_s:
+                raise ServerUnreachable(
+                    f"gave up following run {run_id} after {failures} attempts and {waited:.1f} s without a new event "
+                    f"(last seq {last}): {cause}; the run is not affected, follow it again later"
+                )
             self.reconnects += 1
-            await asyncio.sleep(backoff * (1 + random.random() * 0.2))
+            await asyncio.sleep(delay)
             backoff = min(backoff * 2, self._max_backoff)
 
     # -- corrections: fork, regenerate, branches, steer, edit --------------------------------
@@ -258,6 +316,14 @@ class AsyncClient:
         async for _ in self.follow(run_id):
             pass
         return await self.get_run(run_id)
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """The ``Retry-After`` of an answer in seconds (0 when absent or not a number of seconds)."""
+    try:
+        return max(0.0, float(response.headers.get("retry-after", "0")))
+    except ValueError:
+        return 0.0
 
 
 class Client:

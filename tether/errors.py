@@ -14,9 +14,13 @@
     │   └── InterruptExpired    the approval window closed; nothing can execute now
     ├── Unauthorized        no valid API key: missing, malformed, unknown, expired or revoked
     ├── Forbidden           the caller may not do this (a role, four-eyes, a decision the tool forbids)
+    ├── PayloadTooLarge     a request body over the server's size cap
+    ├── LimitExceeded       a rate limit or a cap of the caller was reached (``retry_after_s``)
+    ├── Overloaded          this server process is at capacity (try another, or later)
     ├── ModelError          the model provider failed
     ├── EventLogFailed      a run's event log could not be committed (the run fails)
-    └── APIError            (clients) the server answered with an error: ``status``, ``code``
+    ├── APIError            (clients) the server answered with an error: ``status``, ``code``
+    └── ServerUnreachable   (clients) the server could not be reached within the retry budget
 
 The HTTP status for each lives in one place, the server's error handler; the core never speaks
 HTTP. An error about particular fields of the input names them with :class:`FieldError`s, whose
@@ -43,10 +47,14 @@ __all__ = [
     "InterruptExpired",
     "Unauthorized",
     "Forbidden",
+    "PayloadTooLarge",
+    "LimitExceeded",
+    "Overloaded",
     "ModelError",
     "ToolArgsError",
     "EventLogFailed",
     "APIError",
+    "ServerUnreachable",
 ]
 
 
@@ -135,6 +143,34 @@ class Forbidden(TetherError):
     code = "forbidden"
 
 
+class PayloadTooLarge(TetherError):
+    """The request body is larger than the server accepts; nothing was parsed or stored."""
+
+    code = "payload_too_large"
+
+
+class LimitExceeded(TetherError):
+    """A rate limit or a cap of the caller was reached; ``retry_after_s`` says when to try again."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after_s: float | None = None, details: Any = None) -> None:
+        super().__init__(message, code=code, details=details)
+        #: Seconds after which the same request may succeed (``None``: once something else ends).
+        self.retry_after_s = retry_after_s
+
+
+class Overloaded(TetherError):
+    """This server process is at capacity; another process, or a later try, may serve it."""
+
+    code = "server_busy"
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message, code=code)
+        #: Seconds after which trying again makes sense.
+        self.retry_after_s = retry_after_s
+
+
 class ModelError(TetherError):
     """The model provider failed (network, HTTP error, malformed stream)."""
 
@@ -168,3 +204,9 @@ class APIError(TetherError):
     def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
         super().__init__(message, code=code, details=details)
         self.status = status
+
+
+class ServerUnreachable(TetherError):
+    """The client gave up: the server could not be reached (or kept failing) within its retry budget."""
+
+    code = "server_unreachable"

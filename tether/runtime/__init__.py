@@ -27,13 +27,14 @@ from ..store import AuditEntry, InterruptRecord, RunRecord, RunStatus, Store, ar
 from ._bus import LocalBus, Subscription
 from ._cancel import as_cancel_mode, cancelled_event
 from ._config import RunConfig
-from ._follow import follow_run
+from ._follow import FellBehind, follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
+from ._history import HistoryPolicy
 from ._pgbus import PostgresBus
 from ._runner import RunExecutor
 from ._turn import ParkedTurn, turn_messages
 
-__all__ = ["Runtime", "RunConfig", "LocalBus", "Subscription", "follow_run"]
+__all__ = ["Runtime", "RunConfig", "HistoryPolicy", "LocalBus", "Subscription", "follow_run", "FellBehind"]
 
 log = logging.getLogger("tether.runtime")
 
@@ -54,6 +55,7 @@ class Runtime:
         *,
         sweep_interval_s: float = 0.25,
         four_eyes: FourEyesPolicy = "off",
+        max_queued_messages: int = 100,
     ) -> None:
         self.store = store
         self.agent = agent
@@ -61,6 +63,8 @@ class Runtime:
         self.four_eyes: FourEyesPolicy = four_eyes
         self.bus = bus or LocalBus()
         self.sweep_interval_s = sweep_interval_s
+        #: The most steering messages a run holds for its next model call.
+        self.max_queued_messages = max_queued_messages
         self._executors: dict[str, RunExecutor] = {}
         self._run_tasks: dict[str, asyncio.Task[None]] = {}
         #: Runs that a cancel request of this process is finishing without an executor.
@@ -71,22 +75,34 @@ class Runtime:
         self._owns_store = False
 
     @classmethod
-    async def open(cls, db_url: str, agent: Agent, *, lease_s: float = 10.0, sweep_interval_s: float = 0.25, four_eyes: FourEyesPolicy = "off") -> Runtime:
+    async def open(
+        cls,
+        db_url: str,
+        agent: Agent,
+        *,
+        lease_s: float = 10.0,
+        sweep_interval_s: float = 0.25,
+        four_eyes: FourEyesPolicy = "off",
+        max_queued_messages: int = 100,
+        stream_buffer_bytes: int = 1024 * 1024,
+    ) -> Runtime:
         """Open the store at ``db_url`` (running migrations) and the bus that suits it; call
         :meth:`start` next, and :meth:`aclose` to close all of it.
 
         ``lease_s`` is how long this process's claim on a run it executes lasts without renewal:
         after that long without a heartbeat (the process died), another process sharing the
-        PostgreSQL database takes the run over.
+        PostgreSQL database takes the run over. ``max_queued_messages`` bounds the steering
+        messages a run holds for its next model call; ``stream_buffer_bytes`` the events a stream
+        that does not keep up may have waiting (:class:`~._bus.LocalBus`).
         """
         store = await Store.open(db_url)
         store.lease_s = lease_s
         try:
-            bus = await _open_bus(store)
+            bus = await _open_bus(store, stream_buffer_bytes)
         except BaseException:
             await store.aclose()
             raise
-        runtime = cls(store, agent, bus, sweep_interval_s=sweep_interval_s, four_eyes=four_eyes)
+        runtime = cls(store, agent, bus, sweep_interval_s=sweep_interval_s, four_eyes=four_eyes, max_queued_messages=max_queued_messages)
         runtime._owns_store = True
         return runtime
 
@@ -150,7 +166,9 @@ class Runtime:
         (a fork; ``None`` is a new root); with no ``content`` the run regenerates the answer to
         the user message ``parent_id``. :class:`~tether.errors.NotFound` if the thread does not
         exist or is not ``owner``'s; :class:`~tether.errors.ThreadBusy` while another run of the
-        thread is not terminal. ``requester`` is the principal starting it (for four-eyes).
+        thread is not terminal. ``requester`` is the principal starting it: it may decide the
+        run's interrupts (unless four-eyes applies), and the server caps the runs of one
+        requester that are active at once (:meth:`~tether.store.Store.count_active_runs`).
         """
         run, _input, started = await self.store.create_run(
             thread_id=thread_id,
@@ -170,7 +188,9 @@ class Runtime:
         existing = self._executors.get(run.id)
         if self._closing or (existing is not None and not existing.parked):
             return
-        executor = RunExecutor(self.store, self.bus, self.agent, run, resume=resume, takeover=takeover, four_eyes=self.four_eyes)
+        executor = RunExecutor(
+            self.store, self.bus, self.agent, run, resume=resume, takeover=takeover, four_eyes=self.four_eyes, max_queued_messages=self.max_queued_messages
+        )
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
         self._run_tasks[run.id] = self._spawn(self._drive(executor), f"run-{run.id}")
 
@@ -429,12 +449,12 @@ class Runtime:
             log.info("took over run %s (was %s)", run.id, run.status)
 
 
-async def _open_bus(store: Store) -> LocalBus:
+async def _open_bus(store: Store, max_pending_bytes: int) -> LocalBus:
     """The bus for ``store``: in-process on SQLite (one process); on PostgreSQL, other processes
     may share the database, so also hear what they commit and command (started here)."""
     if store.is_sqlite:
-        return LocalBus()
+        return LocalBus(max_pending_bytes=max_pending_bytes)
     dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    bus = PostgresBus(dsn, store.instance_id)
+    bus = PostgresBus(dsn, store.instance_id, max_pending_bytes=max_pending_bytes)
     await bus.start()
     return bus

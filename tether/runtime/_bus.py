@@ -2,7 +2,16 @@
 
 The bus only carries events that are already durable: the event log publishes a batch after
 its commit. A subscriber that falls too far behind is not allowed to hold memory without bound:
-its queue is dropped and it is told to catch up from the store, which has everything.
+each subscription queues at most ``max_pending_bytes`` of envelopes. A batch that would pass that
+bound is not queued: the queue is dropped and the subscription marked *stale* (the reader
+catches up from the store, which has everything).
+
+How far behind a reader is, is measured in bytes: what was published after the last seq it
+says it delivered (:meth:`Subscription.delivered`), whether queued, dropped or still being read
+from the store. Past ``max_pending_bytes`` the subscription is *overflowed*: the reader fell
+behind, and a network stream then ends so that its client resumes at its own pace. One batch
+larger than the bound, published to a reader that had delivered everything before it, only
+makes it catch up: a reader that keeps up is never cut off because one commit carried a lot.
 """
 
 from __future__ import annotations
@@ -20,21 +29,46 @@ __all__ = ["LocalBus", "Subscription"]
 class Subscription:
     """One follower of one run's live events."""
 
-    def __init__(self, max_pending: int) -> None:
+    def __init__(self, max_pending_bytes: int) -> None:
         self._pending: deque[StoredEvent] = deque()
+        self._pending_bytes = 0
         self._wakeup = asyncio.Event()
-        self._max_pending = max_pending
+        self._max_pending_bytes = max_pending_bytes
         #: True when the store has events this queue lacks (events were dropped, or another
         #: process committed some); the reader must catch up from the store.
         self.stale = False
+        #: True once the reader fell more than the bound behind what was published.
+        self.overflowed = False
+        #: (last seq, bytes) of each published batch the reader has not delivered yet.
+        self._unsent: deque[tuple[int, int]] = deque()
+        self._unsent_bytes = 0
 
     def _push(self, batch: Sequence[StoredEvent]) -> None:
-        if len(self._pending) + len(batch) > self._max_pending:
+        if not batch:
+            return
+        size = sum(len(e.envelope) for e in batch)
+        if not self.overflowed:
+            behind = self._unsent_bytes
+            self._unsent.append((batch[-1].seq, size))
+            self._unsent_bytes += size
+            if behind and self._unsent_bytes > self._max_pending_bytes:
+                self.overflowed = True
+                self._unsent.clear()  # nothing more to measure: the stream ends
+                self._unsent_bytes = 0
+        if self.overflowed or self._pending_bytes + size > self._max_pending_bytes:
+            # Keep nothing more: the store has it all.
             self._pending.clear()
+            self._pending_bytes = 0
             self.stale = True
         else:
             self._pending.extend(batch)
+            self._pending_bytes += size
         self._wakeup.set()
+
+    def delivered(self, seq: int) -> None:
+        """The reader has sent everything up to ``seq`` on (it is no longer behind by it)."""
+        while self._unsent and self._unsent[0][0] <= seq:
+            self._unsent_bytes -= self._unsent.popleft()[1]
 
     def mark_stale(self) -> None:
         """Tell the reader to catch up from the store (new events were committed elsewhere)."""
@@ -54,15 +88,18 @@ class Subscription:
         self._wakeup.clear()
         batch = list(self._pending)
         self._pending.clear()
+        self._pending_bytes = 0
         return batch
 
 
 class LocalBus:
     """In-process fan-out (one server process; PostgreSQL deployments add a cross-process bus)."""
 
-    def __init__(self, *, max_pending: int = 50_000) -> None:
+    def __init__(self, *, max_pending_bytes: int = 1024 * 1024) -> None:
+        if max_pending_bytes < 1:
+            raise ValueError("max_pending_bytes must be positive")
         self._subscribers: dict[str, set[Subscription]] = {}
-        self._max_pending = max_pending
+        self._max_pending_bytes = max_pending_bytes
         #: Events published since start (a counter for ``/metrics``).
         self.published = 0
 
@@ -75,7 +112,7 @@ class LocalBus:
     @contextlib.contextmanager
     def subscribe(self, run_id: str) -> Iterator[Subscription]:
         """Follow ``run_id`` for the duration of the ``with`` block."""
-        subscription = Subscription(self._max_pending)
+        subscription = Subscription(self._max_pending_bytes)
         self._subscribers.setdefault(run_id, set()).add(subscription)
         try:
             yield subscription

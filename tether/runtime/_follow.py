@@ -6,6 +6,12 @@ shows a gap (or is stale: it overflowed, or another process committed), it reads
 the terminal event, also when the cursor is already at or past it (a client resuming after the
 end gets an empty stream that closes, not one that waits forever). Closing the generator (a
 client went away) only unsubscribes: the run is not touched.
+
+A follower that does not keep up (its subscription overflowed: a slow network reader whose
+sends block) either catches up from the store, or, with ``stop_when_behind``, raises
+:class:`FellBehind` so that its stream can end and the client resume from its last seq at its
+own pace (the log has everything): catching up would only fall behind again while holding
+memory for it.
 """
 
 from __future__ import annotations
@@ -16,25 +22,56 @@ from ..events import TERMINAL_TYPES, StoredEvent
 from ..store import Store
 from ._bus import LocalBus
 
-__all__ = ["follow_run"]
+__all__ = ["follow_run", "FellBehind"]
 
-_PAGE = 2000
+#: About how many bytes of events a follower reads from the store at a time: what it holds while
+#: catching up. Page sizes adapt to the size of the events, from one event up to ``_MAX_PAGE``
+#: (token events are small: long replays go in large pages; large events in small ones).
+_PAGE_BYTES = 64 * 1024
+_FIRST_PAGE = 100
+_MAX_PAGE = 2000
 
 
-async def follow_run(store: Store, bus: LocalBus, run_id: str, *, after_seq: int = 0, idle_timeout: float = 15.0) -> AsyncIterator[list[StoredEvent]]:
+class FellBehind(Exception):
+    """The follower fell further behind the run than its buffer holds (``stop_when_behind``)."""
+
+    def __init__(self, last_seq: int) -> None:
+        super().__init__(f"fell behind after seq {last_seq}")
+        #: The last seq the follower yielded: where its reader resumes.
+        self.last_seq = last_seq
+
+
+async def follow_run(
+    store: Store, bus: LocalBus, run_id: str, *, after_seq: int = 0, idle_timeout: float = 15.0, stop_when_behind: bool = False
+) -> AsyncIterator[list[StoredEvent]]:
     """Yield batches of events with ``seq > after_seq`` in order; an empty batch after
-    ``idle_timeout`` seconds without events (time for a keep-alive)."""
+    ``idle_timeout`` seconds without events (time for a keep-alive). With ``stop_when_behind``,
+    raise :class:`FellBehind` once the live queue overflowed instead of catching up."""
     last = after_seq
     with bus.subscribe(run_id) as live:
+        page_size = _FIRST_PAGE
+
+        def sent() -> None:
+            """The consumer took everything up to ``last``: stop if it fell behind meanwhile."""
+            live.delivered(last)
+            if live.overflowed and stop_when_behind:
+                raise FellBehind(last)  # slower than the run, even reading the store
 
         async def catch_up() -> AsyncIterator[list[StoredEvent]]:
-            nonlocal last
+            nonlocal last, page_size
             while True:
-                page = await store.read_events(run_id, after_seq=last, limit=_PAGE)
+                asked = page_size
+                page = await store.read_events(run_id, after_seq=last, limit=asked)
+                size = sum(len(e.envelope) for e in page)
+                if size > _PAGE_BYTES:
+                    page_size = max(1, asked * _PAGE_BYTES // size)
+                elif size < _PAGE_BYTES // 2:
+                    page_size = min(_MAX_PAGE, asked * 2)
                 if page:
                     last = page[-1].seq
                     yield page
-                if len(page) < _PAGE:
+                    sent()
+                if len(page) < asked:
                     return
 
         async for page in catch_up():
@@ -52,9 +89,12 @@ async def follow_run(store: Store, bus: LocalBus, run_id: str, *, after_seq: int
             if batch is None:
                 yield []
                 continue
+            if live.overflowed and stop_when_behind:
+                raise FellBehind(last)
             if live.stale or (batch and batch[0].seq > last + 1):
                 # Published events are already committed, so the store has the missing range.
                 live.stale = False
+                live.overflowed = False
                 async for page in catch_up():
                     yield page
                     if page[-1].type in TERMINAL_TYPES:
@@ -68,3 +108,4 @@ async def follow_run(store: Store, bus: LocalBus, run_id: str, *, after_seq: int
             yield fresh
             if fresh[-1].type in TERMINAL_TYPES:
                 return
+            sent()

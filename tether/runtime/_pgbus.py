@@ -35,8 +35,8 @@ log = logging.getLogger("tether.runtime")
 class PostgresBus(LocalBus):
     """A :class:`LocalBus` that also hears what other processes commit and command."""
 
-    def __init__(self, dsn: str, origin: str, *, max_pending: int = 50_000) -> None:
-        super().__init__(max_pending=max_pending)
+    def __init__(self, dsn: str, origin: str, *, max_pending_bytes: int = 1024 * 1024) -> None:
+        super().__init__(max_pending_bytes=max_pending_bytes)
         self._dsn = dsn
         self.origin = origin
         #: Called with each control message from another process.

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from ..events import Done, Event, Status
 from ..models import ChatMessage
 from ..store import MessageRecord, Store
-from ._history import to_chat_messages
 from ._turn import CallItem
 
 if TYPE_CHECKING:
@@ -110,6 +109,8 @@ class CheckpointRecovery:
 
         async def _settle(self, calls: list[CallItem]) -> list[ChatMessage]: ...
 
+        async def history_at(self, leaf_id: str | None) -> list[ChatMessage]: ...
+
     async def recover_checkpoint(self) -> list[ChatMessage] | Event | object:
         """Repair the store toward the log; return the history to go on with, the outcome
         (``done`` of an answer that only lacked it), or WAITING when a call went to review."""
@@ -137,7 +138,7 @@ class CheckpointRecovery:
             missing = [c for c in path[turn].tool_calls or () if c["id"] not in answered]
             if missing and await self._recover_calls(missing, logged):
                 return WAITING
-        return to_chat_messages(await self.store.path_to(self.run.thread_id, self._leaf_id))
+        return await self.history_at(self._leaf_id)
 
     async def _repair_last_turn(self, path: list[MessageRecord], logged: LoggedRun) -> str | None:
         """Make the last model turn on ``path`` agree with the log (``path`` is updated in

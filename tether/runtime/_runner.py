@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -38,7 +37,7 @@ import anyio
 
 from .._ids import new_id, utcnow
 from ..agent import Agent
-from ..errors import EventLogFailed, ModelError, RunNotActive
+from ..errors import EventLogFailed, LimitExceeded, ModelError, RunNotActive
 from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, ToolCall, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
@@ -47,24 +46,14 @@ from ._cancel import CancelMode, as_cancel_mode, cancelled_event
 from ._config import RunConfig
 from ._eventlog import EventLog
 from ._gate import FourEyesPolicy, action_request, is_gated, needs_four_eyes, review_config
-from ._history import to_chat_messages
+from ._history import HistoryPolicy, to_chat_messages
 from ._recovery import WAITING, CheckpointRecovery
-from ._turn import CallItem, ParkedTurn, json_safe, masked_args, parse_args, turn_messages
+from ._storable import describe_exception, storable_request, storable_text
+from ._turn import CallItem, ModelTurn, ParkedTurn, json_safe, masked_args, parse_args, turn_messages
 
 __all__ = ["RunExecutor"]
 
 logger = logging.getLogger("tether.runtime")
-
-
-@dataclass(slots=True)
-class _ModelTurn:
-    """What one model call produced."""
-
-    message_id: str
-    text: str
-    requests: list[ToolCallRequest]
-    calls: list[CallItem]
-    failure: Event | None = None
 
 
 class RunExecutor(CheckpointRecovery):
@@ -80,6 +69,7 @@ class RunExecutor(CheckpointRecovery):
         resume: InterruptRecord | None = None,
         takeover: bool = False,
         four_eyes: FourEyesPolicy = "off",
+        max_queued_messages: int = 100,
     ) -> None:
         self.store = store
         #: The server's four-eyes policy: which parked calls need an approver other than the requester.
@@ -90,6 +80,9 @@ class RunExecutor(CheckpointRecovery):
         #: True when continuing a run whose process died (from its last checkpoint).
         self.takeover = takeover
         self.config = RunConfig.model_validate(run.config)
+        self.history_policy = agent.history or HistoryPolicy()
+        #: The most steering messages waiting for the next model call (429 beyond it).
+        self.max_queued_messages = max_queued_messages
         self._bus = bus
         self._events: EventLog | None = None  # created by execute()
         #: The requested cancel mode, or None. "Requested", not "done".
@@ -129,6 +122,13 @@ class RunExecutor(CheckpointRecovery):
         """Queue a steering message: announced now, in the history before the next model call."""
         if not self.accepting_messages or self.cancel_mode:
             raise RunNotActive(f"run {self.run.id!r} is finishing and takes no more messages")
+        if len(self._steering) >= self.max_queued_messages:
+            raise LimitExceeded(
+                f"run {self.run.id!r} already has {len(self._steering)} steering messages waiting for its next model call",
+                code="too_many_queued_messages",
+                retry_after_s=1.0,
+                details={"limit": self.max_queued_messages},
+            )
         message_id = new_id("msg")
         self._steering.append((message_id, content))
         if self._events is not None:  # else announced as soon as execution starts
@@ -161,7 +161,7 @@ class RunExecutor(CheckpointRecovery):
                 await self._finish(outcome)  # type: ignore[arg-type]  # not WAITING: an Event
         except Exception as exc:  # an internal fault: the run fails, the server does not
             logger.exception("run %s failed", self.run.id)
-            await self._finish(RunError(code="internal_error", message=f"{type(exc).__name__}: {exc}"))
+            await self._finish(RunError(code="internal_error", message=describe_exception(exc)))
         finally:
             await events.aclose()
 
@@ -184,7 +184,13 @@ class RunExecutor(CheckpointRecovery):
             if current.status != "cancelling":
                 return WAITING  # someone else owns it, or it is terminal: nothing to finish here
             self.cancel_mode = as_cancel_mode(current.cancel_mode)
-        return await self._loop(to_chat_messages(await self.store.path_to(self.run.thread_id, self.run.input_message_id)))
+        return await self._loop(await self.history_at(self.run.input_message_id))
+
+    async def history_at(self, leaf_id: str | None) -> list[ChatMessage]:
+        """The model's history up to ``leaf_id``: only as much of the path as the agent's
+        history policy can keep is read."""
+        path = await self.store.path_to(self.run.thread_id, leaf_id, limit=self.history_policy.max_messages + 1)
+        return self.history_policy.apply(to_chat_messages(path))
 
     async def _loop(self, history: list[ChatMessage]) -> Event | object:
         max_steps = self.config.max_steps or self.agent.max_steps
@@ -194,6 +200,7 @@ class RunExecutor(CheckpointRecovery):
             if self.cancel_mode:
                 return self._cancelled_event()
             await self._take_steering(history)
+            history[:] = self.history_policy.apply(history)
             turn = await self._model_turn(ModelRequest(system + history, tool_specs))
             if turn.failure is not None:
                 return turn.failure
@@ -220,7 +227,7 @@ class RunExecutor(CheckpointRecovery):
                 return self._cancelled_event()
         return RunError(code="max_steps_exceeded", message=f"the run made {max_steps} model calls without finishing")
 
-    async def _model_turn(self, request: ModelRequest) -> _ModelTurn:
+    async def _model_turn(self, request: ModelRequest) -> ModelTurn:
         """One model call: stream deltas as events, announce the calls, store the assistant message.
 
         The message's final state is stored only once every event announcing it (its tokens and
@@ -242,34 +249,36 @@ class RunExecutor(CheckpointRecovery):
             try:
                 async with aclosing(self.agent.model.stream(request)) as stream:  # type: ignore[type-var]  # Model.stream is an async generator
                     async for delta in stream:
+                        # Model output is made storable here, before anything sees it.
                         if isinstance(delta, TextDelta):
                             if delta.text:
-                                parts.append(delta.text)
-                                self.events.emit_delta("token", message.id, delta.text)
+                                text = storable_text(delta.text)
+                                parts.append(text)
+                                self.events.emit_delta("token", message.id, text)
                         elif isinstance(delta, ThinkingDelta):
                             if delta.text:
-                                self.events.emit_delta("thinking", message.id, delta.text)
+                                self.events.emit_delta("thinking", message.id, storable_text(delta.text))
                         elif isinstance(delta, ToolCallRequest):
-                            requests.append(delta)
+                            requests.append(storable_request(delta))
             except ModelError as exc:
-                failure = RunError(code=exc.code, message=exc.message, retryable=exc.retryable)
+                failure = RunError(code=exc.code, message=storable_text(exc.message), retryable=exc.retryable)
             except Exception as exc:
                 logger.warning("model call of run %s failed: %r", self.run.id, exc)
-                failure = RunError(code="model_error", message=f"{type(exc).__name__}: {exc}", retryable=True)
+                failure = RunError(code="model_error", message=describe_exception(exc), retryable=True)
             finally:
                 self._model_scope = None
         text = "".join(parts)
         if scope.cancel_called and failure is None:
             await self._store_turn(message.id, content=text, status="cancelled")
-            return _ModelTurn(message.id, text, [], [])
+            return ModelTurn(message.id, text, [], [])
         if failure is not None:
             await self._store_turn(message.id, content=text, status="failed")
-            return _ModelTurn(message.id, text, [], [], failure)
+            return ModelTurn(message.id, text, [], [], failure)
         calls = self._announce_calls(message.id, requests)
         stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
         await self._store_turn(message.id, content=text, status="complete", tool_calls=stored_calls or None)
         self._partial_message_id = None
-        return _ModelTurn(message.id, text, requests, calls)
+        return ModelTurn(message.id, text, requests, calls)
 
     async def _store_turn(self, message_id: str, **values: Any) -> None:
         """Store a model turn's final state once the events announcing it are durable.
@@ -367,7 +376,7 @@ class RunExecutor(CheckpointRecovery):
             self.events.emit(call.result_event())
             raise
         except Exception as exc:
-            call.settle("error", error=f"{type(exc).__name__}: {exc}")
+            call.settle("error", error=describe_exception(exc))
         else:
             call.settle("ok", result=json_safe(value))
         self.events.emit(call.result_event())
@@ -441,7 +450,7 @@ class RunExecutor(CheckpointRecovery):
         await self._execute(to_run, audited=True)
         await self._settle(turn.calls)
         self._steering = turn.steering
-        return to_chat_messages(await self.store.path_to(self.run.thread_id, self._leaf_id))
+        return await self.history_at(self._leaf_id)
 
     # -- the end -----------------------------------------------------------------------------
 

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._ids import new_id
-from ..events import ToolResult, ToolStatus
+from ..events import Event, ToolResult, ToolStatus
+from ..models import ToolCallRequest
 from ..store import MessageRecord
 from ..tools import Tool
+from ._storable import storable_json, storable_text
 
-__all__ = ["CallItem", "ParkedTurn", "json_safe", "masked_args", "parse_args", "tool_message_content", "turn_messages"]
+__all__ = ["CallItem", "ModelTurn", "ParkedTurn", "json_safe", "masked_args", "parse_args", "tool_message_content", "turn_messages"]
 
 #: What a decision that does not run the tool records (``approve``/``edit`` run it).
 _NOT_RUN: dict[str, tuple[ToolStatus, str]] = {
@@ -183,6 +185,17 @@ class ParkedTurn:
         )
 
 
+@dataclass(slots=True)
+class ModelTurn:
+    """What one model call produced."""
+
+    message_id: str
+    text: str
+    requests: list[ToolCallRequest]
+    calls: list[CallItem]
+    failure: Event | None = None
+
+
 def turn_messages(calls: list[CallItem], steering: list[tuple[str, str]], *, thread_id: str, run_id: str, parent_id: str | None) -> list[MessageRecord]:
     """What a settled turn adds to the tree, chained from ``parent_id``: one tool message per
     call in the model's order, then the steering messages that were waiting for the results."""
@@ -197,11 +210,11 @@ def turn_messages(calls: list[CallItem], steering: list[tuple[str, str]], *, thr
 
 
 def json_safe(value: Any) -> Any:
-    """Make a value JSON-safe (the event log, the store and the model need JSON)."""
+    """Make a value JSON-safe and storable (the event log, the store and the model need JSON)."""
     try:
-        return json.loads(json.dumps(value, default=str))
+        return storable_json(json.loads(json.dumps(value, default=str)))
     except (TypeError, ValueError):
-        return str(value)
+        return storable_text(str(value))
 
 
 def masked_args(tool: Tool | None, args: dict[str, Any] | str) -> Any:

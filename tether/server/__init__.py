@@ -13,8 +13,9 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, get_args
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.routing import APIRoute
 
 from .. import __version__
 from ..agent import Agent
@@ -23,11 +24,19 @@ from ..runtime._gate import FourEyesPolicy
 from ..store import Principal
 from . import _agui, _auth, _inbox, _metrics, _resume, _runs, _threads
 from ._auth import Authenticate, AuthMode, principal_of
+from ._deps import caller_of, request_buckets_of
 from ._errors import install_error_handlers
 from ._guard import RefuseNul
+from ._limits import BodyLimit, Limits, StreamSlots, TokenBuckets, check_rate
+from ._openapi import ERROR_RESPONSES
 from ._ui import install_ui
 
-__all__ = ["create_app", "principal_of", "Principal"]
+__all__ = ["create_app", "principal_of", "Principal", "Limits"]
+
+
+async def _count_request(request: Request) -> None:
+    """Every ``/v1`` request takes a token from its caller's bucket (429 ``rate_limited``)."""
+    check_rate(request_buckets_of(request), caller_of(request), "requests")
 
 
 def create_app(
@@ -39,6 +48,7 @@ def create_app(
     auth: AuthMode = "open",
     four_eyes: FourEyesPolicy = "off",
     cors_origins: Sequence[str] = (),
+    limits: Limits | None = None,
 ) -> FastAPI:
     """Build the application serving ``agent`` on the database at ``db_url``.
 
@@ -52,8 +62,10 @@ def create_app(
     clients only) or ``keys`` (a bearer API key on every request but ``/healthz`` and the UI
     shell). ``four_eyes="destructive"`` makes every destructive call need an approver other
     than the run's requester. ``cors_origins`` are the browser origins allowed to call the API
-    from other sites (none by default).
+    from other sites (none by default). ``limits`` bounds what callers may ask (:class:`Limits`;
+    the defaults are never reached by a single user).
     """
+    limits = limits or Limits()
     if auth not in get_args(AuthMode):
         raise ValueError(f"auth must be one of {get_args(AuthMode)}")
     if four_eyes not in get_args(FourEyesPolicy):
@@ -65,7 +77,14 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = await Runtime.open(db_url, agent, lease_s=lease_s, four_eyes=four_eyes)
+        runtime = await Runtime.open(
+            db_url,
+            agent,
+            lease_s=lease_s,
+            four_eyes=four_eyes,
+            max_queued_messages=limits.max_queued_messages,
+            stream_buffer_bytes=limits.stream_buffer_bytes,
+        )
         app.state.runtime = runtime
         app.state.store = runtime.store
         try:
@@ -74,9 +93,13 @@ def create_app(
         finally:
             await runtime.aclose()
 
-    app = FastAPI(title="Tether", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="Tether", version=__version__, lifespan=lifespan, responses=ERROR_RESPONSES)
     app.state.sse_ping_s = sse_ping_s
     app.state.auth = auth
+    app.state.limits = limits
+    app.state.request_buckets = TokenBuckets(limits.requests_per_minute)
+    app.state.run_start_buckets = TokenBuckets(limits.run_starts_per_minute)
+    app.state.stream_slots = StreamSlots(limits.max_streams_per_caller, limits.max_streams)
     install_error_handlers(app)
     # The last added runs first: CORS (answers preflights, which carry no key), then NUL, then who.
     app.add_middleware(Authenticate, mode=auth)
@@ -89,15 +112,20 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "Accept", "Last-Event-ID"],
             expose_headers=["Location", "X-Run-Id"],
         )
-    app.include_router(_auth.router)
-    app.include_router(_threads.router)
-    app.include_router(_threads.messages_router)
-    app.include_router(_runs.router)
-    app.include_router(_resume.router)
-    app.include_router(_inbox.router)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)  # outermost: before anything reads the body
+    # Rate limits run after authentication (a middleware), so they count per principal.
+    counted = [Depends(_count_request)]
+    app.include_router(_auth.router, dependencies=counted)
+    app.include_router(_threads.router, dependencies=counted)
+    app.include_router(_threads.messages_router, dependencies=counted)
+    app.include_router(_runs.router, dependencies=counted)
+    app.include_router(_resume.router, dependencies=counted)
+    app.include_router(_inbox.router, dependencies=counted)
     app.include_router(_metrics.router)
-    app.include_router(_agui.router)
+    app.include_router(_agui.router, dependencies=counted)
     for route in agent.routes:
+        if isinstance(route, APIRoute):  # its errors have the standard shape too: say so
+            route.responses = {**ERROR_RESPONSES, **route.responses}
         app.router.routes.append(route)
 
     @app.get("/healthz", tags=["ops"])

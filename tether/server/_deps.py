@@ -8,6 +8,7 @@ from ..runtime import Runtime
 from ..store import Store
 from ._access import Access
 from ._auth import principal_of
+from ._limits import Limits, StreamSlots, TokenBuckets
 
 
 def store_of(request: Request) -> Store:
@@ -37,3 +38,33 @@ def access_of(request: Request) -> Access:
     """The caller's view of the store: the one way routes read threads, runs, messages,
     interrupts and audit entries (see ``_access.py``)."""
     return Access(store_of(request), principal_of(request))
+
+
+def caller_of(request: Request) -> str:
+    """Whom the limits count against: the principal (every request has one: a key's, or
+    ``local`` in open mode). The one place that says who a caller is."""
+    return actor_of(request)
+
+
+def limits_of(request: Request) -> Limits:
+    """The application's limits."""
+    limits: Limits = request.app.state.limits
+    return limits
+
+
+def request_buckets_of(request: Request) -> TokenBuckets:
+    """Requests per caller."""
+    buckets: TokenBuckets = request.app.state.request_buckets
+    return buckets
+
+
+def run_start_buckets_of(request: Request) -> TokenBuckets:
+    """Run starts per caller."""
+    buckets: TokenBuckets = request.app.state.run_start_buckets
+    return buckets
+
+
+def stream_slots_of(request: Request) -> StreamSlots:
+    """Open event streams, per caller and in total."""
+    slots: StreamSlots = request.app.state.stream_slots
+    return slots

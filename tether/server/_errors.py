@@ -4,12 +4,13 @@ Every error response is ``{"error": {"code", "message", "details"}}`` with a 4xx
 never a stack trace, never a 500 for bad input. A core error's :class:`~tether.errors.FieldError`s
 become ``details`` items ``{"loc", "msg", "type"}`` whose ``loc`` starts, as FastAPI's own
 validation errors do, with where the field came from: ``path`` for a path parameter of the
-route, ``body`` otherwise.
+route, ``query`` for a query parameter, ``body`` otherwise.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import Conflict, FieldError, Forbidden, Gone, InvalidRequest, NotFound, TetherError, Unauthorized
+from ..errors import Conflict, FieldError, Forbidden, Gone, InvalidRequest, LimitExceeded, NotFound, Overloaded, PayloadTooLarge, TetherError, Unauthorized
 
 log = logging.getLogger("tether.server")
 
@@ -28,6 +29,9 @@ _STATUS: list[tuple[type[TetherError], int]] = [
     (Gone, 410),
     (Forbidden, 403),
     (Unauthorized, 401),
+    (PayloadTooLarge, 413),
+    (LimitExceeded, 429),
+    (Overloaded, 503),
 ]
 
 _HTTP_CODES = {
@@ -38,6 +42,7 @@ _HTTP_CODES = {
     405: "method_not_allowed",
     406: "not_acceptable",
     415: "unsupported_media_type",
+    413: "payload_too_large",
 }
 
 
@@ -56,7 +61,15 @@ def status_for(exc: TetherError) -> int:
 
 def field_details(request: Request, fields: tuple[FieldError, ...]) -> list[dict[str, Any]]:
     """The ``details`` of an error about ``fields`` of ``request``, each located in the request."""
-    return [{"loc": ["path" if f.loc and f.loc[0] in request.path_params else "body", *f.loc], "msg": f.msg, "type": f.type} for f in fields]
+    return [{"loc": [_source(request, f.loc[0] if f.loc else None), *f.loc], "msg": f.msg, "type": f.type} for f in fields]
+
+
+def _source(request: Request, name: str | int | None) -> str:
+    if name in request.path_params:
+        return "path"
+    if isinstance(name, str) and name in request.query_params:
+        return "query"
+    return "body"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -68,6 +81,9 @@ def install_error_handlers(app: FastAPI) -> None:
         response = error_response(status_for(exc), exc.code, exc.message, details)
         if isinstance(exc, Unauthorized):
             response.headers["WWW-Authenticate"] = 'Bearer realm="tether"'
+        retry_after = getattr(exc, "retry_after_s", None)
+        if retry_after is not None:
+            response.headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
         return response
 
     @app.exception_handler(RequestValidationError)

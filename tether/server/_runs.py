@@ -7,9 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..errors import InvalidRequest
-from ._deps import access_of, actor_of, runtime_of, sse_ping_s_of, store_of
-from ._schemas import CancelRun, CreateRun, MessageContent
+from ..errors import InvalidRequest, LimitExceeded
+from ._deps import access_of, actor_of, caller_of, limits_of, run_start_buckets_of, runtime_of, sse_ping_s_of, store_of, stream_slots_of
+from ._limits import check_rate
+from ._openapi import EVENT_STREAM
+from ._schemas import CancelRun, CreateRun, SteeringMessage
 from ._sse import sse_response
 from ._views import load_run_view, queued_message_view, run_view
 
@@ -25,22 +27,43 @@ def wants_event_stream(request: Request) -> bool:
     return "text/event-stream" in request.headers.get("accept", "")
 
 
-@router.post("/v1/threads/{thread_id}/runs", status_code=202, response_model=None)
+@router.post("/v1/threads/{thread_id}/runs", status_code=202, response_model=None, responses={200: EVENT_STREAM})
 async def create_run(request: Request, thread_id: str, body: CreateRun) -> Response:
-    """Start a run on a thread: 202 with the run, or its event stream with ``Accept: text/event-stream``."""
+    """Start a run on a thread: 202 with the run, or its event stream with ``Accept: text/event-stream``.
+
+    429 ``rate_limited`` past the run starts per minute of the caller, 429
+    ``too_many_active_runs`` while the caller has as many runs active as allowed.
+    """
     runtime = runtime_of(request)
     await access_of(request).thread(thread_id, to="write")
-    run = await runtime.start_run(
-        thread_id,
-        content=body.input.content if body.input is not None else None,
-        parent_id=body.parent_id,
-        use_active_leaf="parent_id" not in body.model_fields_set,
-        config=body.config,
-        requester=actor_of(request),
-    )
+    caller = caller_of(request)
+    check_rate(run_start_buckets_of(request), caller, "run starts")
+    limit = limits_of(request).max_active_runs_per_caller
+    active = await store_of(request).count_active_runs(requested_by=caller)
+    if active >= limit:
+        raise LimitExceeded(
+            f"you already have {active} runs queued or running; at most {limit} at once",
+            code="too_many_active_runs",
+            retry_after_s=5.0,
+            details={"limit": limit},
+        )
+    release = stream_slots_of(request).acquire(caller) if wants_event_stream(request) else None
+    try:
+        run = await runtime.start_run(
+            thread_id,
+            content=body.input.content if body.input is not None else None,
+            parent_id=body.parent_id,
+            use_active_leaf="parent_id" not in body.model_fields_set,
+            config=body.config,
+            requester=caller,
+        )
+    except BaseException:
+        if release is not None:
+            release()
+        raise
     headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
-    if wants_event_stream(request):
-        return sse_response(store_of(request), runtime.bus, run.id, after_seq=0, ping_s=sse_ping_s_of(request), headers=headers)
+    if release is not None:
+        return sse_response(store_of(request), runtime.bus, run.id, after_seq=0, release=release, ping_s=sse_ping_s_of(request), headers=headers)
     return JSONResponse(run_view(run), status_code=202, headers=headers)
 
 
@@ -50,7 +73,7 @@ async def get_run(request: Request, run_id: str) -> dict[str, Any]:
     return await load_run_view(store_of(request), await access_of(request).run(run_id))
 
 
-@router.get("/v1/runs/{run_id}/events", response_model=None)
+@router.get("/v1/runs/{run_id}/events", response_model=None, responses={200: EVENT_STREAM})
 async def run_events(
     request: Request,
     run_id: str,
@@ -58,7 +81,11 @@ async def run_events(
     limit: int = Query(default=100, ge=1, le=1000, description="Page size of the JSON form."),
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID"),
 ) -> Response:
-    """The run's events: SSE (replay, live tail, close after terminal) or a JSON page."""
+    """The run's events: SSE (replay, live tail, close after terminal) or a JSON page.
+
+    An SSE request takes one of the caller's stream slots: 429 ``too_many_streams`` when the
+    caller has as many open as allowed, 503 ``stream_capacity`` when this process does.
+    """
     run = await access_of(request).run(run_id)
     start = after_seq or 0
     if last_event_id is not None and last_event_id.strip():
@@ -78,7 +105,8 @@ async def run_events(
             )
     store = store_of(request)
     if wants_event_stream(request):
-        return sse_response(store, runtime_of(request).bus, run.id, after_seq=start, ping_s=sse_ping_s_of(request))
+        release = stream_slots_of(request).acquire(caller_of(request))
+        return sse_response(store, runtime_of(request).bus, run.id, after_seq=start, release=release, ping_s=sse_ping_s_of(request))
     page = await store.read_events(run.id, after_seq=start, limit=limit)
     # The stored envelopes verbatim: the very same bytes the stream sends.
     body = '{"items":[' + ",".join(e.envelope for e in page) + "]}"
@@ -86,8 +114,9 @@ async def run_events(
 
 
 @router.post("/v1/runs/{run_id}/messages", status_code=202)
-async def steer_run(request: Request, run_id: str, body: MessageContent) -> dict[str, Any]:
-    """Steer a running run: send it a message; 409 ``run_not_active`` unless it is ``running``."""
+async def steer_run(request: Request, run_id: str, body: SteeringMessage) -> dict[str, Any]:
+    """Steer a running run: send it a message; 409 ``run_not_active`` unless it is ``running``,
+    429 ``too_many_queued_messages`` when the run already holds as many as allowed."""
     run = await access_of(request).run(run_id, to="write")
     message_id = await runtime_of(request).steer(run_id, body.content)
     return queued_message_view(message_id, run, body.content)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,7 @@ __all__ = [
     "CancelRun",
     "SetActiveLeaf",
     "MessageContent",
+    "SteeringMessage",
     "ResumeThread",
     "DecisionBody",
     "DecideMany",
@@ -24,6 +26,10 @@ __all__ = [
     "AguiResumeEntry",
     "AguiTetherProps",
     "AguiRunInput",
+    "MAX_CONTENT_CHARS",
+    "MAX_STEERING_CHARS",
+    "MAX_METADATA_BYTES",
+    "MAX_EDIT_ARGS_BYTES",
 ]
 
 _STRICT = ConfigDict(extra="forbid")
@@ -32,6 +38,24 @@ _STRICT = ConfigDict(extra="forbid")
 #: How deeply free-form JSON (``metadata``) may nest; response encoding gives up far earlier
 #: than the JSON parser does.
 MAX_JSON_DEPTH = 32
+
+# Field caps (each documented in docs/api.md, "Limits"); the request body as a whole is capped
+# before parsing (``Limits.max_body_bytes``).
+
+#: A message's content: a run's input, a user's edit of an assistant message (characters).
+MAX_CONTENT_CHARS = 1_000_000
+#: A steering message sent into a running run (characters).
+MAX_STEERING_CHARS = 100_000
+#: A thread's ``metadata``, as compact JSON in UTF-8 (bytes): it is sent back with every thread.
+MAX_METADATA_BYTES = 16 * 1024
+#: The ``args`` of an ``edit`` decision, as compact JSON in UTF-8 (bytes).
+MAX_EDIT_ARGS_BYTES = 64 * 1024
+
+
+def _check_json_size(value: Any, limit: int) -> None:
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ValueError(f"at most {limit} bytes of JSON (this is {size})")
 
 
 def _check_json_value(value: Any, depth: int = 0) -> None:
@@ -84,6 +108,7 @@ class CreateThread(BaseModel):
     @classmethod
     def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
         _check_json_value(value)
+        _check_json_size(value, MAX_METADATA_BYTES)
         return value
 
 
@@ -91,7 +116,7 @@ class RunInput(BaseModel):
     """The user's message that starts a run."""
 
     model_config = _STRICT
-    content: Text = Field(min_length=1, max_length=1_000_000)
+    content: Text = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
 
 
 class CreateRun(BaseModel):
@@ -113,10 +138,17 @@ class SetActiveLeaf(BaseModel):
 
 
 class MessageContent(BaseModel):
-    """``POST /v1/runs/{id}/messages`` and ``PATCH /v1/messages/{id}``."""
+    """``PATCH /v1/messages/{id}``."""
 
     model_config = _STRICT
-    content: Text = Field(min_length=1, max_length=1_000_000)
+    content: Text = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
+
+
+class SteeringMessage(BaseModel):
+    """``POST /v1/runs/{id}/messages``."""
+
+    model_config = _STRICT
+    content: Text = Field(min_length=1, max_length=MAX_STEERING_CHARS)
 
 
 class CancelRun(BaseModel):
@@ -153,6 +185,7 @@ class Edit(BaseModel):
     @classmethod
     def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
         _check_json_value(value)
+        _check_json_size(value, MAX_EDIT_ARGS_BYTES)
         return value
 
 

@@ -1,13 +1,24 @@
-"""Wiring run events into an SSE response (the encoding itself is :mod:`tether.sse`)."""
+"""Wiring run events into an SSE response (the encoding itself is :mod:`tether.sse`).
+
+Each stream takes a slot (per caller and per process, :class:`~._limits.StreamSlots`) before it
+starts and gives it back when it ends, however it ends. Its send buffer is bounded: the live
+events waiting for a reader that does not keep up are capped by the bus
+(``Limits.stream_buffer_bytes``); a reader that falls further behind gets a final comment
+saying so and the stream ends, and the client resumes from its ``Last-Event-ID`` (the log has
+every event, so nothing is lost). Sends are bounded by the socket's flow control: a reader
+that does not read holds one chunk, not the run.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from ..runtime import LocalBus, follow_run
-from ..sse import PING, encode_event, encode_retry
+from ..errors import Overloaded
+from ..runtime import FellBehind, LocalBus, follow_run
+from ..sse import PING, encode_comment, encode_event, encode_retry
 from ..store import Store
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
@@ -15,26 +26,81 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connecti
 #: How long a client should wait before reconnecting (sent as ``retry:``).
 RETRY_MS = 1000
 
+#: About how much one send to the socket carries.
+_SEND_BYTES = 64 * 1024
+
+
+def fell_behind_comment(last_seq: int) -> str:
+    """The last thing a stream sends to a reader that fell too far behind."""
+    return encode_comment(f"disconnected: this reader fell too far behind; reconnect with Last-Event-ID: {last_seq}")
+
 
 async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, ping_s: float) -> AsyncIterator[str]:
     yield encode_retry(RETRY_MS)
-    async for batch in follow_run(store, bus, run_id, after_seq=after_seq, idle_timeout=ping_s):
-        if not batch:
-            yield PING
-            continue
-        yield "".join(encode_event(e.seq, e.type, e.envelope) for e in batch)
+    last = after_seq
+    try:
+        async for batch in follow_run(store, bus, run_id, after_seq=after_seq, idle_timeout=ping_s, stop_when_behind=True):
+            if not batch:
+                yield PING
+                continue
+            for chunk in _chunks(encode_event(e.seq, e.type, e.envelope) for e in batch):
+                yield chunk
+            last = batch[-1].seq
+    except FellBehind as behind:
+        yield fell_behind_comment(behind.last_seq)
+    except Overloaded:
+        # The store is out of connections: end this stream cleanly; its client comes back.
+        yield encode_comment(f"disconnected: the server is busy; reconnect with Last-Event-ID: {last}")
+
+
+def _chunks(events: Iterable[str]) -> Iterator[str]:
+    """Encoded events joined into sends of about ``_SEND_BYTES`` (whole events only): each send
+    adds at most that much to the socket's buffer before flow control makes the next one wait."""
+    part: list[str] = []
+    size = 0
+    for event in events:
+        part.append(event)
+        size += len(event)
+        if size >= _SEND_BYTES:
+            yield "".join(part)
+            part, size = [], 0
+    if part:
+        yield "".join(part)
+
+
+class EventStreamResponse(StreamingResponse):
+    """A streaming response that gives its stream slot back when it ends, however it ends."""
+
+    def __init__(self, content: AsyncIterator[str], *, release: Callable[[], None], status_code: int, headers: dict[str, str]) -> None:
+        super().__init__(content, status_code=status_code, media_type="text/event-stream", headers=headers)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 def sse_response(
-    store: Store, bus: LocalBus, run_id: str, *, after_seq: int, ping_s: float = 15.0, status_code: int = 200, headers: dict[str, str] | None = None
+    store: Store,
+    bus: LocalBus,
+    run_id: str,
+    *,
+    after_seq: int,
+    release: Callable[[], None],
+    ping_s: float = 15.0,
+    status_code: int = 200,
+    headers: dict[str, str] | None = None,
 ) -> StreamingResponse:
     """Stream ``run_id`` from ``after_seq``: replay, live tail, close after the terminal event.
 
     Starlette ends the body when the client disconnects; that only unsubscribes, the run goes on.
+    ``release`` gives the stream's slot back when the response ends.
     """
-    return StreamingResponse(
+    return EventStreamResponse(
         _sse_body(store, bus, run_id, after_seq, ping_s),
         status_code=status_code,
-        media_type="text/event-stream",
         headers={**SSE_HEADERS, **(headers or {})},
+        release=release,
     )

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
-from ..store import MessageRecord
+from ..store import MessageRecord, Store
 from ._deps import access_of, actor_of, store_of
 from ._schemas import CreateThread, MessageContent, SetActiveLeaf
 from ._views import load_thread_views, message_view, thread_view
@@ -37,29 +37,37 @@ async def get_thread(request: Request, thread_id: str) -> dict[str, Any]:
     return (await load_thread_views(access.store, [thread]))[0]
 
 
-def _with_siblings(messages: list[MessageRecord], selected: list[MessageRecord]) -> list[dict[str, Any]]:
-    children: dict[str | None, list[str]] = {}
-    for m in messages:  # oldest first, so sibling order is creation order
-        children.setdefault(m.parent_id, []).append(m.id)
-    return [message_view(m, sibling_ids=children.get(m.parent_id, [m.id])) for m in selected]
+async def _with_siblings(store: Store, thread_id: str, page: list[MessageRecord]) -> list[dict[str, Any]]:
+    siblings = await store.sibling_ids(thread_id, {m.parent_id for m in page})
+    return [message_view(m, sibling_ids=siblings.get(m.parent_id) or [m.id]) for m in page]
 
 
 @router.get("/{thread_id}/messages")
-async def list_messages(request: Request, thread_id: str, view: Literal["path", "tree"] = Query(default="path")) -> dict[str, Any]:
-    """The active path (root → active leaf) or the whole message tree, each with its siblings."""
+async def list_messages(
+    request: Request,
+    thread_id: str,
+    view: Literal["path", "tree"] = Query(default="path"),
+    limit: int = Query(default=100, ge=1, le=1000, description="Page size."),
+    cursor: str | None = Query(default=None, min_length=1, max_length=64, description="`next_cursor` of the previous page."),
+) -> dict[str, Any]:
+    """A page of the active path (root → active leaf) or of the whole message tree, each message
+    with its siblings.
+
+    ``path`` pages go from the leaf back to the root: the first page is the newest ``limit``
+    messages (oldest first within the page), ``next_cursor`` leads to the ones before them.
+    ``tree`` pages go in creation order from the first message. ``next_cursor`` is null on the
+    last page.
+    """
     access = access_of(request)
+    store = access.store
     thread = await access.thread(thread_id)
-    messages = await access.store.thread_messages(thread.id)
     if view == "tree":
-        return {"items": _with_siblings(messages, messages), "active_leaf_id": thread.active_leaf_id}
-    by_id = {m.id: m for m in messages}
-    path: list[MessageRecord] = []
-    cursor = thread.active_leaf_id
-    while cursor is not None and cursor in by_id:
-        path.append(by_id[cursor])
-        cursor = by_id[cursor].parent_id
-    path.reverse()
-    return {"items": _with_siblings(messages, path), "active_leaf_id": thread.active_leaf_id}
+        page, more = await store.tree_page(thread.id, after_id=cursor, limit=limit)
+        next_cursor = page[-1].id if more and page else None
+    else:
+        page, more = await store.path_page(thread.id, thread.active_leaf_id, before_id=cursor, limit=limit)
+        next_cursor = page[0].id if more and page else None
+    return {"items": await _with_siblings(store, thread.id, page), "active_leaf_id": thread.active_leaf_id, "next_cursor": next_cursor}
 
 
 @router.put("/{thread_id}/active_leaf")
@@ -81,7 +89,8 @@ messages_router = APIRouter(prefix="/v1/messages", tags=["threads"])
 async def edit_message(request: Request, message_id: str, body: MessageContent) -> dict[str, Any]:
     """Store the user's edited version of an assistant message as a new, active sibling."""
     access = access_of(request)
+    store = access.store
     original = await access.message(message_id, to="write")
-    edited = await access.store.add_edited_version(original.id, body.content)
-    siblings = [m.id for m in await access.store.thread_messages(edited.thread_id) if m.parent_id == edited.parent_id]
-    return message_view(edited, sibling_ids=siblings)
+    edited = await store.add_edited_version(original.id, body.content)
+    siblings = await store.sibling_ids(edited.thread_id, {edited.parent_id})
+    return message_view(edited, sibling_ids=siblings[edited.parent_id])

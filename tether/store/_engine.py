@@ -23,6 +23,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._ids import new_id, utcnow
+from ..errors import Overloaded
 
 __all__ = ["StoreBase", "normalize_db_url"]
 
@@ -112,18 +113,15 @@ class StoreBase:
 
     @contextlib.asynccontextmanager
     async def _writing(self) -> AsyncIterator[AsyncConnection]:
-        if self._write_lock is None:
-            async with self.engine.begin() as conn:
-                yield conn
-            return
-        async with self._write_lock:
-            async with self.engine.begin() as conn:
-                yield conn
+        async with contextlib.AsyncExitStack() as stack:
+            if self._write_lock is not None:
+                await stack.enter_async_context(self._write_lock)
+            yield await _checked_out(stack, self.engine.begin())
 
     @contextlib.asynccontextmanager
     async def _reading(self) -> AsyncIterator[AsyncConnection]:
-        async with self.engine.connect() as conn:
-            yield conn
+        async with contextlib.AsyncExitStack() as stack:
+            yield await _checked_out(stack, self.engine.connect())
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A write transaction (serialised on SQLite), for an agent's own tables."""
@@ -167,3 +165,12 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+
+
+async def _checked_out(stack: contextlib.AsyncExitStack, connecting: contextlib.AbstractAsyncContextManager[AsyncConnection]) -> AsyncConnection:
+    """A connection from the pool; a pool that stays exhausted past its timeout (the process
+    is overloaded) is :class:`~tether.errors.Overloaded`, not an internal error."""
+    try:
+        return await stack.enter_async_context(connecting)
+    except sa.exc.TimeoutError as exc:
+        raise Overloaded("every database connection of this process is busy; try again shortly", code="database_busy", retry_after_s=1.0) from exc

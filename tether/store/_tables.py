@@ -107,6 +107,7 @@ runs = sa.Table(
     # The principal who started the run: may decide its interrupts (unless four-eyes applies).
     sa.Column("requested_by", sa.String(200), nullable=True),
     sa.Index("ix_runs_thread", "thread_id", "created_at"),
+    sa.Index("ix_runs_requested_by_status", "requested_by", "status"),
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
     sa.Index(
         "uq_runs_one_active_per_thread",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -70,26 +71,100 @@ class TreeStore(StoreBase):
         return message_record(row)
 
     async def thread_messages(self, thread_id: str) -> list[MessageRecord]:
-        """Every message of a thread (the whole tree), oldest first."""
+        """Every message of a thread (the whole tree), oldest first. For tests and tools: the
+        server and the runtime read pages (:meth:`tree_page`) and paths (:meth:`path_to`)."""
         query = messages.select().where(messages.c.thread_id == thread_id).order_by(messages.c.created_at, messages.c.id)
         async with self._reading() as conn:
             return [message_record(row) for row in await conn.execute(query)]
 
-    async def path_to(self, thread_id: str, leaf_id: str | None) -> list[MessageRecord]:
-        """The chain of messages from the root to ``leaf_id`` (inclusive)."""
-        if leaf_id is None:
+    async def path_to(self, thread_id: str, leaf_id: str | None, *, limit: int | None = None) -> list[MessageRecord]:
+        """The chain of messages from the root to ``leaf_id`` (inclusive), oldest first; with
+        ``limit``, only its newest ``limit`` messages.
+
+        One recursive query follows the parent links up from the leaf (each step a primary-key
+        lookup), so its cost grows with the length asked for, never with the size of the tree.
+        """
+        if leaf_id is None or (limit is not None and limit < 1):
             return []
-        by_id = {m.id: m for m in await self.thread_messages(thread_id)}
-        path: list[MessageRecord] = []
-        cursor: str | None = leaf_id
-        while cursor is not None:
-            message = by_id.get(cursor)
-            if message is None:
-                break
-            path.append(message)
-            cursor = message.parent_id
-        path.reverse()
-        return path
+        # The chain carries whole rows, so the final SELECT reads only the chain (joining it
+        # back to ``messages`` would let a planner scan the table once per step).
+        start = sa.select(*messages.c, sa.literal_column("1").label("depth"))
+        chain = start.where(messages.c.id == leaf_id, messages.c.thread_id == thread_id).cte("chain", recursive=True)
+        up = messages.alias("up")
+        step = sa.select(*up.c, (chain.c.depth + 1).label("depth")).where(up.c.id == chain.c.parent_id)
+        if limit is not None:
+            step = step.where(chain.c.depth < limit)
+        chain = chain.union_all(step)
+        query = sa.select(*(chain.c[c.name] for c in messages.c)).order_by(chain.c.depth.desc())
+        async with self._reading() as conn:
+            return [message_record(row) for row in await conn.execute(query)]
+
+    async def tree_page(self, thread_id: str, *, after_id: str | None = None, limit: int = 100) -> tuple[list[MessageRecord], bool]:
+        """Up to ``limit`` messages of the thread's tree in creation order, after the message
+        ``after_id`` (a cursor from the previous page); and whether more follow."""
+        query = messages.select().where(messages.c.thread_id == thread_id)
+        if after_id is not None:
+            cursor = await self._message_of(thread_id, after_id)
+            key = sa.tuple_(messages.c.created_at, messages.c.id)
+            query = query.where(key > sa.tuple_(sa.literal(cursor.created_at, type_=messages.c.created_at.type), sa.literal(cursor.id)))
+        query = query.order_by(messages.c.created_at, messages.c.id).limit(limit + 1)
+        async with self._reading() as conn:
+            page = [message_record(row) for row in await conn.execute(query)]
+        return page[:limit], len(page) > limit
+
+    async def path_page(self, thread_id: str, leaf_id: str | None, *, before_id: str | None = None, limit: int = 100) -> tuple[list[MessageRecord], bool]:
+        """The newest ``limit`` messages of the path root → ``leaf_id`` that come before the
+        message ``before_id`` (a cursor from the previous page; none: up to the leaf itself),
+        oldest first; and whether older ones remain."""
+        if before_id is not None:
+            leaf_id = (await self._message_of(thread_id, before_id)).parent_id
+        page = await self.path_to(thread_id, leaf_id, limit=limit + 1)
+        return page[-limit:], len(page) > limit
+
+    async def sibling_ids(self, thread_id: str, parent_ids: set[str | None]) -> dict[str | None, list[str]]:
+        """The ids of the children of each of ``parent_ids`` (``None``: the roots), in creation order."""
+        found: dict[str | None, list[str]] = {parent: [] for parent in parent_ids}
+        ids = [p for p in parent_ids if p is not None]
+        if not found:
+            return found
+        condition: sa.ColumnElement[bool] = messages.c.parent_id.in_(ids) if ids else sa.false()
+        if None in parent_ids:
+            condition = sa.or_(condition, messages.c.parent_id.is_(None))
+        query = (
+            sa.select(messages.c.id, messages.c.parent_id).where(messages.c.thread_id == thread_id, condition).order_by(messages.c.created_at, messages.c.id)
+        )
+        async with self._reading() as conn:
+            for row in await conn.execute(query):
+                found[row.parent_id].append(row.id)
+        return found
+
+    async def _message_of(self, thread_id: str, message_id: str) -> MessageRecord:
+        """A message of this thread (a page cursor); :class:`InvalidRequest` otherwise."""
+        async with self._reading() as conn:
+            row = (await conn.execute(messages.select().where(messages.c.id == message_id, messages.c.thread_id == thread_id))).first()
+        if row is None:
+            raise InvalidRequest(
+                f"cursor {message_id!r} is not a message of thread {thread_id!r}",
+                code="invalid_cursor",
+                fields=[FieldError(("cursor",), "not a message of this thread", "invalid_cursor")],
+            )
+        return message_record(row)
+
+    async def newest_leaf_under(self, message_id: str) -> str:
+        """The deepest descendant of ``message_id`` reached by following the newest child at
+        each level (one recursive query)."""
+        start = sa.select(messages.c.id, sa.literal_column("1").label("depth")).where(messages.c.id == message_id)
+        chain = start.cte("down", recursive=True)
+        child, newer = messages.alias("child"), messages.alias("newer")
+        is_newest = ~sa.exists().where(
+            newer.c.parent_id == child.c.parent_id,
+            sa.tuple_(newer.c.created_at, newer.c.id) > sa.tuple_(child.c.created_at, child.c.id),
+        )
+        step = sa.select(child.c.id, (chain.c.depth + 1).label("depth")).where(child.c.parent_id == chain.c.id, is_newest)
+        chain = chain.union_all(step)
+        async with self._reading() as conn:
+            leaf = (await conn.execute(sa.select(chain.c.id).order_by(chain.c.depth.desc()).limit(1))).scalar()
+        return str(leaf) if leaf is not None else message_id
 
     async def add_message(self, message: MessageRecord) -> MessageRecord:
         """Append a message to its thread and make it the active leaf."""
@@ -131,17 +206,11 @@ class TreeStore(StoreBase):
         Refused with :class:`ThreadBusy` while a run of the thread is not terminal: the check
         and the switch are one conditional write.
         """
-        all_messages = await self.thread_messages(thread_id)
-        by_id = {m.id: m for m in all_messages}
-        if message_id not in by_id:
+        async with self._reading() as conn:
+            row = (await conn.execute(sa.select(messages.c.id).where(messages.c.id == message_id, messages.c.thread_id == thread_id))).first()
+        if row is None:
             raise NotFound(f"message {message_id!r} not found in thread {thread_id!r}", code="message_not_found")
-        newest_child: dict[str, str] = {}
-        for m in all_messages:  # oldest first: the last child seen is the newest
-            if m.parent_id is not None:
-                newest_child[m.parent_id] = m.id
-        leaf = message_id
-        while leaf in newest_child:
-            leaf = newest_child[leaf]
+        leaf = await self.newest_leaf_under(message_id)
         async with self._writing() as conn:
             result = await conn.execute(
                 threads.update().where(threads.c.id == thread_id, ~has_active_run(thread_id)).values(active_leaf_id=leaf, updated_at=utcnow())
