@@ -24,10 +24,10 @@ import pytest
 from tether import Agent, HistoryPolicy
 from tether.client import AsyncClient, ServerUnreachable
 from tether.demo import build_demo_agent
-from tether.models import ChatMessage, ModelDelta, ModelRequest, TextDelta, ToolCallRequest
-from tether.server import Limits
 from tether.events import StoredEvent
+from tether.models import ChatMessage, ModelDelta, ModelRequest, TextDelta, ToolCallRequest
 from tether.runtime import LocalBus
+from tether.server import Limits
 from tether.store import MessageRecord, Store
 
 from .conftest import LiveServer, free_port, script, sqlite_url
