@@ -39,8 +39,16 @@ from ..store import RunRecord, Store, ThreadRecord
 from ._access import Access
 from ._deps import access_of, actor_of, runtime_of, sse_ping_s_of
 from ._errors import status_for
+from ._openapi import AGUI_STREAM
 from ._schemas import AguiRunInput, AguiTetherProps, ResumeThread
 from ._sse import SSE_HEADERS
+
+
+class EventStream(StreamingResponse):
+    """How the OpenAPI document learns that a route answers with an event stream, not JSON."""
+
+    media_type = "text/event-stream"
+
 
 router = APIRouter(tags=["ag-ui"])
 
@@ -233,7 +241,7 @@ async def capabilities(request: Request) -> dict[str, Any]:
     }
 
 
-@router.post("/v1/agui", response_model=None)
+@router.post("/v1/agui", response_model=None, response_class=EventStream, responses=AGUI_STREAM)
 async def run_agent(request: Request, body: AguiRunInput) -> StreamingResponse:
     """Run the agent on an AG-UI ``RunAgentInput``: a new run on the matched history, or — with
     ``resume`` — the interrupted run continued with the answers; its AG-UI events stream back."""
@@ -296,7 +304,7 @@ async def _resume(access: Access, runtime: Runtime, body: AguiRunInput, actor: s
     return interrupt.run_id, after, snapshot
 
 
-@router.post("/v1/agui/connect", response_model=None)
+@router.post("/v1/agui/connect", response_model=None, response_class=EventStream, responses=AGUI_STREAM)
 async def connect(request: Request, body: AguiRunInput, last_event_id: str | None = Header(default=None, alias="Last-Event-ID")) -> StreamingResponse:
     """Reattach to a thread: with ``Last-Event-ID``, the frames after it (open messages reopened
     first); without, the messages so far as a snapshot and the latest run's events, live."""

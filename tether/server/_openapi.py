@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ErrorBody", "ERROR_RESPONSES", "EVENT_STREAM"]
+__all__ = ["ErrorBody", "ERROR_RESPONSES", "EVENT_STREAM", "AGUI_STREAM"]
 
 
 class ErrorDetail(BaseModel):
@@ -51,8 +51,29 @@ _ERRORS = {
 #: The error responses every route declares.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody, "description": text} for status, text in _ERRORS.items()}
 
+#: One server-sent event, as a parsed stream item (OpenAPI 3.0/3.1 put it in ``schema``).
+_SSE_ITEM: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}},
+}
+
 #: A response that is an event stream (with ``Accept: text/event-stream``).
 EVENT_STREAM: dict[str, Any] = {
     "description": "With `Accept: text/event-stream`: the run's events as server-sent events (`id` = seq, `event` = type, `data` = the envelope).",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {"text/event-stream": {"schema": _SSE_ITEM}},
+}
+
+#: The answer of the AG-UI routes: always an event stream (refusals are ``RUN_ERROR`` events in it).
+#: (Declared per route with the error body under ``application/json`` spelled out: the route's
+#: own media type is ``text/event-stream``, which FastAPI would give its error responses too.)
+AGUI_STREAM: dict[int | str, dict[str, Any]] = {
+    **{
+        status: {"description": text, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+        for status, text in _ERRORS.items()
+    },
+    200: {
+        "description": "AG-UI events as server-sent events (`id` = the event id, `data` = the AG-UI event as JSON).",
+        "content": {"text/event-stream": {"schema": _SSE_ITEM}},
+    },
 }
