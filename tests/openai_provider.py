@@ -8,8 +8,10 @@ request; this server can.
 
 Program it with :class:`Turn`\\ s, one per request, in order; each streams reasoning, then text,
 then tool calls (split into argument fragments, interleaved across calls, so the client has to
-assemble them by ``index``), or answers with an HTTP error. When the turns run out it answers
-``"ok"``. Every request body is kept in :attr:`FakeProvider.requests`.
+assemble them by ``index``), or answers with an HTTP error (with ``Retry-After`` if asked), or
+fails mid-stream: the connection dropped after ``drop_after`` chunks, or silence after
+``stall_after`` chunks. When the turns run out it answers ``"ok"``. Every request body is kept
+in :attr:`FakeProvider.requests`.
 
 It records disconnects: when the client closes the connection before the stream ended, the
 server notices (by checking ``request.is_disconnected()`` between chunks, or by its streaming
@@ -61,6 +63,14 @@ class Turn:
     #: Answer with this HTTP error status instead of a stream.
     error_status: int | None = None
     error_message: str = "fake provider error"
+    #: Sent as the ``retry-after`` header of an error response.
+    retry_after: str | None = None
+    #: Close the connection after this many chunks (0: before the first).
+    drop_after: int | None = None
+    #: Send nothing more after this many chunks (until the client goes away).
+    stall_after: int | None = None
+    #: The trailing usage chunk (sent when the client asks with ``stream_options``).
+    usage: tuple[int, int] = (11, 7)
 
 
 def long_turn(chunks: int = 10_000, delay_s: float = 0.005) -> Turn:
@@ -100,7 +110,7 @@ class FakeProvider:
             app,
             host="127.0.0.1",
             port=0,
-            log_level="warning",
+            log_level="critical",  # a dropped connection (a fault it plays) is not an error here
             lifespan="off",
             # Do not wait for a long stream nobody reads when the test is over.
             timeout_graceful_shutdown=1,
@@ -172,19 +182,25 @@ class FakeProvider:
             turn = self._state.turns.pop(0) if self._state.turns else Turn(text=["ok"])
         if turn.error_status is not None:
             error = {"message": turn.error_message, "type": "fake_error", "code": str(turn.error_status)}
-            return JSONResponse({"error": error}, status_code=turn.error_status)
-        chunks = _chunks(turn, model=str(body.get("model", "fake")))
+            headers = {"retry-after": turn.retry_after} if turn.retry_after is not None else None
+            return JSONResponse({"error": error}, status_code=turn.error_status, headers=headers)
+        chunks = _chunks(turn, model=str(body.get("model", "fake")), usage=bool((body.get("stream_options") or {}).get("include_usage")))
         return StreamingResponse(
-            self._stream(request, chunks, turn.delay_s, request_index),
+            self._stream(request, chunks, turn, request_index),
             media_type="text/event-stream",
         )
 
-    async def _stream(self, request: Request, chunks: list[str], delay_s: float, request_index: int) -> AsyncIterator[str]:
+    async def _stream(self, request: Request, chunks: list[str], turn: Turn, request_index: int) -> AsyncIterator[str]:
         sent = 0
         finished = False
         try:
             for chunk in chunks:
-                await anyio.sleep(delay_s)
+                if turn.drop_after is not None and sent >= turn.drop_after:
+                    finished = True  # the provider's own doing, not a client disconnect
+                    raise _DropConnection
+                if turn.stall_after is not None and sent >= turn.stall_after:
+                    await anyio.sleep(3600)  # cancelled when the client goes away
+                await anyio.sleep(turn.delay_s)
                 if await request.is_disconnected():
                     return
                 yield chunk
@@ -199,7 +215,11 @@ class FakeProvider:
                     self._state.disconnected.notify_all()
 
 
-def _chunks(turn: Turn, *, model: str) -> list[str]:
+class _DropConnection(Exception):
+    """Raised inside a streaming body: uvicorn then closes the connection mid-response."""
+
+
+def _chunks(turn: Turn, *, model: str, usage: bool = False) -> list[str]:
     """The SSE frames of one streamed answer, ending with ``data: [DONE]``."""
     created = int(time.time())
 
@@ -228,6 +248,11 @@ def _chunks(turn: Turn, *, model: str) -> list[str]:
             if round_ < len(fragments):
                 frames.append(frame({"tool_calls": [{"index": index, "function": {"arguments": fragments[round_]}}]}))
     frames.append(frame({}, finish_reason="tool_calls" if turn.tool_calls else "stop"))
+    if usage:
+        prompt, completion = turn.usage
+        usage_chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created, "model": model, "choices": []}
+        usage_chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        frames.append(f"data: {json.dumps(usage_chunk)}\n\n")
     frames.append("data: [DONE]\n\n")
     return frames
 

@@ -249,7 +249,9 @@ async def test_the_model_still_works_after_a_cancelled_stream(provider: FakeProv
     ("status", "retryable", "code"),
     [
         (500, True, "model_error"),
-        (503, True, "model_error"),
+        (502, True, "model_error"),
+        (503, True, "model_overloaded"),
+        (529, True, "model_overloaded"),
         (400, False, "model_error"),
         (401, False, "model_error"),
         (429, True, "model_rate_limited"),

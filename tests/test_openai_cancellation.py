@@ -82,7 +82,7 @@ async def test_cancelling_a_run_closes_the_provider_stream_promptly(openai_serve
 
     disconnect = outcome["disconnect"]
     assert disconnect.request_index == 0
-    assert disconnect.chunks_total == CHUNKS + 3  # role chunk, the text, finish chunk, [DONE]
+    assert disconnect.chunks_total == CHUNKS + 4  # role chunk, the text, finish chunk, usage chunk, [DONE]
     assert disconnect.chunks_sent < CHUNKS // 10, f"the provider sent {disconnect.chunks_sent} chunks"
     assert disconnect.at - outcome["cancelled_at"] < 5.0
     assert len(provider.requests) == 1  # no further model call after the cancel

@@ -21,6 +21,7 @@ from .errors import (
     InterruptResolved,
     InvalidRequest,
     LimitExceeded,
+    ModelConfigError,
     ModelError,
     NotFound,
     Overloaded,
@@ -33,7 +34,7 @@ from .errors import (
     Unauthorized,
 )
 from .events import Envelope, Event
-from .models import ChatMessage, Model, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
+from .models import ChatMessage, Model, ModelRequest, RetryPolicy, TextDelta, ThinkingDelta, ToolCallRequest, Usage, load_model
 from .models.scripted import ScriptedModel
 from .tools import Sensitive, Tool, ToolContext, tool
 
@@ -61,7 +62,10 @@ __all__ = [
     "TextDelta",
     "ThinkingDelta",
     "ToolCallRequest",
+    "Usage",
+    "RetryPolicy",
     "ScriptedModel",
+    "load_model",
     # serving and clients
     "create_app",
     "AsyncClient",
@@ -87,6 +91,7 @@ __all__ = [
     "LimitExceeded",
     "Overloaded",
     "ModelError",
+    "ModelConfigError",
     "EventLogFailed",
     "APIError",
     "ServerUnreachable",

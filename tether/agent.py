@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .models import Model, ToolSpec
+from .models import Model, RetryPolicy, ToolSpec
 from .tools import Tool
 
 if TYPE_CHECKING:  # for the annotations only: the agent itself needs neither a web framework nor a database
@@ -23,6 +23,7 @@ class Agent:
     set up what its tools need (the demo shop creates its effects table there). ``routes`` are
     extra Starlette routes mounted next to the API (the demo's ``/v1/demo/effects``).
     ``history`` bounds what of a thread the model is given (default: ``HistoryPolicy()``).
+    ``retry`` says how failed model calls are retried and how long a silent provider is waited for.
     """
 
     def __init__(
@@ -36,6 +37,7 @@ class Agent:
         on_startup: Callable[[Any], Awaitable[None]] | None = None,
         routes: Sequence[BaseRoute] = (),
         history: HistoryPolicy | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
@@ -52,6 +54,7 @@ class Agent:
         self.routes = list(routes)
         #: What of a thread's active path the model is given; ``None``: the default policy.
         self.history = history
+        self.retry = retry or RetryPolicy()
 
     def tool_specs(self) -> list[ToolSpec]:
         """The tools as the model sees them."""

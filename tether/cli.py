@@ -2,7 +2,8 @@
 
 ``tether serve module:attr`` serves an :class:`~tether.Agent`; ``tether demo`` serves the
 built-in demo agent. Both default to a SQLite file in the data directory
-(``$TETHER_DATA_DIR``, else the platform's application directory), created on first start.
+(``$TETHER_DATA_DIR``, else the platform's application directory), created on first start, and
+both take ``--model`` with a model string (``docs/models.md``) that replaces the agent's model.
 ``tether keys`` manages API keys in a database, also while a server runs on it.
 
 Authentication defaults to ``open`` (no key) on a loopback host and to ``keys`` anywhere else;
@@ -25,6 +26,7 @@ import click
 
 from . import __version__
 from .agent import Agent
+from .models import Model
 
 __all__ = ["main"]
 
@@ -134,6 +136,19 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
     )
 
 
+def _model_from_option(spec: str | None, base_url: str | None) -> Model | None:
+    """The model ``--model`` names, or None when it was not given."""
+    if not spec:
+        return None
+    from .errors import ModelConfigError
+    from .models import load_model
+
+    try:
+        return load_model(spec, base_url=base_url)
+    except ModelConfigError as exc:
+        raise click.BadParameter(exc.message, param_hint="--model") from None
+
+
 def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
     from .server._limits import Limits
 
@@ -168,6 +183,19 @@ def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
         help="open: no key, everyone is 'local' (loopback hosts only; the default there). keys: a bearer API key on every request (the default elsewhere).",
     )(fn)
     fn = click.option(
+        "--openai-base-url",
+        default=None,
+        envvar="TETHER_OPENAI_BASE_URL",
+        help="Base URL of an OpenAI-compatible API, for --model openai:<model>.",
+    )(fn)
+    fn = click.option(
+        "--model",
+        "model_spec",
+        default=None,
+        envvar="TETHER_MODEL",
+        help="The model: scripted, openai:<model>, anthropic:<model>, llamacpp:<path.gguf> or local (see docs/models.md).",
+    )(fn)
+    fn = click.option(
         "--lease-seconds",
         default=10.0,
         show_default=True,
@@ -190,16 +218,29 @@ def main() -> None:
 @main.command()
 @click.argument("app")
 @_server_options
-def serve(app: str, host: str, port: int, db: str | None, log_level: str, lease_seconds: float, max_connections: int, **options: Any) -> None:
-    """Serve the agent APP (module:attr)."""
+def serve(
+    app: str,
+    host: str,
+    port: int,
+    db: str | None,
+    log_level: str,
+    lease_seconds: float,
+    max_connections: int,
+    model_spec: str | None,
+    openai_base_url: str | None,
+    **options: Any,
+) -> None:
+    """Serve the agent APP (module:attr); --model replaces its model."""
     _auth_mode(host, options["auth"])  # refuse a bad combination before importing anything
-    _run_server(load_agent(app), host, port, db or default_db_url("tether"), log_level, lease_seconds, max_connections, options)
+    agent = load_agent(app)
+    model = _model_from_option(model_spec, openai_base_url)
+    if model is not None:
+        agent.model = model
+    _run_server(agent, host, port, db or default_db_url("tether"), log_level, lease_seconds, max_connections, options)
 
 
 @main.command()
 @_server_options
-@click.option("--openai-model", default=None, envvar="TETHER_OPENAI_MODEL", help="Use an OpenAI-compatible model instead of the scripted one.")
-@click.option("--openai-base-url", default=None, envvar="TETHER_OPENAI_BASE_URL", help="Base URL of the OpenAI-compatible API.")
 def demo(
     host: str,
     port: int,
@@ -207,20 +248,15 @@ def demo(
     log_level: str,
     lease_seconds: float,
     max_connections: int,
-    openai_model: str | None,
+    model_spec: str | None,
     openai_base_url: str | None,
     **options: Any,
 ) -> None:
-    """Serve the built-in demo shop agent (scripted model, no keys needed)."""
+    """Serve the built-in demo shop agent (scripted model unless --model says otherwise; no keys needed)."""
     from .demo import build_demo_agent
 
     _auth_mode(host, options["auth"])
-    model = None
-    if openai_model:
-        from .models.openai import OpenAIModel
-
-        model = OpenAIModel(openai_model, base_url=openai_base_url)
-    _run_server(build_demo_agent(model), host, port, db or default_db_url("demo"), log_level, lease_seconds, max_connections, options)
+    _run_server(build_demo_agent(_model_from_option(model_spec, openai_base_url)), host, port, db or default_db_url("demo"), log_level, lease_seconds, max_connections, options)
 
 
 @main.command()

@@ -17,7 +17,8 @@
     ├── PayloadTooLarge     a request body over the server's size cap
     ├── LimitExceeded       a rate limit or a cap of the caller was reached (``retry_after_s``)
     ├── Overloaded          this server process is at capacity (try another, or later)
-    ├── ModelError          the model provider failed
+    ├── ModelError          the model provider failed (``code`` says how; see docs/models.md)
+    ├── ModelConfigError    a model string names no model, or its adapter is not installed
     ├── EventLogFailed      a run's event log could not be committed (the run fails)
     ├── APIError            (clients) the server answered with an error: ``status``, ``code``
     └── ServerUnreachable   (clients) the server could not be reached within the retry budget
@@ -51,6 +52,7 @@ __all__ = [
     "LimitExceeded",
     "Overloaded",
     "ModelError",
+    "ModelConfigError",
     "ToolArgsError",
     "EventLogFailed",
     "APIError",
@@ -172,13 +174,22 @@ class Overloaded(TetherError):
 
 
 class ModelError(TetherError):
-    """The model provider failed (network, HTTP error, malformed stream)."""
+    """The model provider failed (network, HTTP error, overload, silence, malformed stream)."""
 
     code = "model_error"
 
-    def __init__(self, message: str, *, retryable: bool = False, code: str | None = None) -> None:
+    def __init__(self, message: str, *, retryable: bool = False, code: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message, code=code)
+        #: True when a later attempt may not hit the same failure (network, 429, 5xx, overload).
         self.retryable = retryable
+        #: Seconds the provider asked us to wait before trying again (``Retry-After``), if it did.
+        self.retry_after = retry_after
+
+
+class ModelConfigError(TetherError):
+    """A model string or setting names no usable model (unknown prefix, missing file or extra)."""
+
+    code = "model_config_error"
 
 
 class ToolArgsError(InvalidRequest):

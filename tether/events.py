@@ -151,6 +151,8 @@ class Done(Event):
     type: ClassVar[str] = "done"
     terminal: ClassVar[bool] = True
     message_id: str | None
+    #: Tokens the run's model calls consumed: ``{"input_tokens": …, "output_tokens": …}``.
+    usage: dict[str, int] | None = None
 
 
 class RunError(Event):
@@ -161,6 +163,8 @@ class RunError(Event):
     code: str
     message: str
     retryable: bool = False
+    #: The assistant message that was streaming when the model failed (kept, status ``failed``).
+    partial_message_id: str | None = None
 
 
 class Cancelled(Event):

@@ -6,9 +6,17 @@ call) and yields :class:`TextDelta`, :class:`ThinkingDelta` and, once a call is 
 cancel scope: cancelling the run cancels the ``await`` inside the generator, and the generator's
 ``finally`` closes the upstream request so the provider stops generating.
 
+**Usage.** A model reports the tokens it consumed on :attr:`ModelRequest.usage`, a small mutable
+:class:`Usage` it updates while it streams (the totals of this call so far), rather than as a
+delta at the end: a cancelled call never reaches its end, yet the tokens it consumed up to the
+cancel are real, and the caller reads them after the stream stopped, however it stopped.
+
 Implementations: :class:`~tether.models.scripted.ScriptedModel` (a documented test double, the
-demo's default) and :class:`~tether.models.openai.OpenAIModel` (any OpenAI-compatible Chat
-Completions endpoint).
+demo's default), :class:`~tether.models.openai.OpenAIModel` (any OpenAI-compatible Chat
+Completions endpoint), :class:`~tether.models.anthropic.AnthropicModel` (Anthropic's Messages
+API) and :class:`~tether.models.llamacpp.LlamaCppModel` (a GGUF file in process, the ``local``
+extra). :func:`load_model` turns a model string (``"anthropic:claude-sonnet-4-5"``) into one;
+see ``docs/models.md``.
 """
 
 from __future__ import annotations
@@ -18,14 +26,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
+    "load_model",
     "ChatMessage",
     "ToolCallRequest",
     "ToolSpec",
     "ModelRequest",
+    "Usage",
     "TextDelta",
     "ThinkingDelta",
     "ModelDelta",
     "Model",
+    "RetryPolicy",
 ]
 
 
@@ -58,12 +69,36 @@ class ToolSpec:
     parameters: dict[str, Any]
 
 
+@dataclass(slots=True)
+class Usage:
+    """Tokens consumed by model calls: the provider's counts, or counted locally."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Input and output tokens together."""
+        return self.input_tokens + self.output_tokens
+
+    def add(self, other: Usage) -> None:
+        """Add ``other``'s counts to these."""
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+
+    def to_json(self) -> dict[str, int]:
+        """``{"input_tokens": …, "output_tokens": …}``."""
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
-    """Everything one model call gets."""
+    """Everything one model call gets, and where it reports the tokens it consumed."""
 
     messages: list[ChatMessage]
     tools: list[ToolSpec] = field(default_factory=list)
+    #: Set by the model while it streams: this call's token counts so far (see the module docs).
+    usage: Usage = field(default_factory=Usage, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +125,8 @@ class Model(Protocol):
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
         """Yield deltas for one model call; must stop promptly when the consumer is cancelled."""
         ...
+
+
+# They need the types above.
+from ._registry import load_model  # noqa: E402
+from ._retry import RetryPolicy  # noqa: E402

@@ -28,6 +28,11 @@ built with ``max_retries=0`` by default: whether and when to retry is the caller
 ``id`` and name, later ones append to its JSON arguments. They are assembled while streaming and
 yielded, one :class:`~tether.models.ToolCallRequest` per call, when the stream ends.
 
+**Usage** comes from the provider's trailing usage chunk (asked for with
+``stream_options.include_usage``; ``stream_usage=False`` for servers that refuse it). Until it
+arrives, and when the stream is cut before it (a cancel), output tokens are counted as content
+chunks received, which is what servers send one token at a time; input tokens are then unknown (0).
+
 **Reasoning**: providers that stream reasoning (DeepSeek, vLLM, OpenRouter, …) put it in a
 non-standard ``reasoning_content`` or ``reasoning`` field of the delta; it becomes
 :class:`~tether.models.ThinkingDelta`.
@@ -46,10 +51,12 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import anyio
+import httpx2
 import openai
 
 from ..errors import ModelError
 from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolSpec
+from ._retry import retry_after_seconds
 
 __all__ = ["OpenAIModel"]
 
@@ -81,6 +88,7 @@ class OpenAIModel:
         temperature: float | None = None,
         timeout: float = 60.0,
         max_retries: int = 0,
+        stream_usage: bool = True,
     ) -> None:
         #: The model name sent with every request.
         self.model = model or _env("TETHER_OPENAI_MODEL") or DEFAULT_MODEL
@@ -88,6 +96,8 @@ class OpenAIModel:
         self.base_url = base_url or _env("TETHER_OPENAI_BASE_URL", "OPENAI_BASE_URL")
         #: Sampling temperature; ``None`` leaves it to the provider.
         self.temperature = temperature
+        #: Ask for the usage chunk at the end of the stream (``stream_options.include_usage``).
+        self.stream_usage = stream_usage
         self._client = openai.AsyncOpenAI(
             api_key=api_key or _env("TETHER_OPENAI_API_KEY", "OPENAI_API_KEY") or PLACEHOLDER_API_KEY,
             base_url=self.base_url,
@@ -124,6 +134,8 @@ class OpenAIModel:
             params["tools"] = [_tool_to_openai(t) for t in request.tools]
         if self.temperature is not None:
             params["temperature"] = self.temperature
+        if self.stream_usage:
+            params["stream_options"] = {"include_usage": True}
 
         try:
             upstream = await self._client.chat.completions.create(**params)
@@ -131,14 +143,23 @@ class OpenAIModel:
             raise _model_error(exc) from exc
 
         calls: dict[int, _PartialCall] = {}
+        reported = False
         try:
             try:
                 async for chunk in upstream:
-                    if not chunk.choices:  # e.g. a trailing usage-only chunk
+                    if chunk.usage is not None:  # the provider's own count replaces the estimate
+                        request.usage.input_tokens = chunk.usage.prompt_tokens
+                        request.usage.output_tokens = chunk.usage.completion_tokens
+                        reported = True
+                    if not chunk.choices:  # e.g. the trailing usage-only chunk
                         continue
                     delta = chunk.choices[0].delta
                     if delta is None:
                         continue
+                    if not reported and (delta.content or delta.tool_calls or _reasoning_text(delta)):
+                        # Until the usage chunk comes (it never does when the stream is cut), one
+                        # chunk with content counts as one output token: what servers send.
+                        request.usage.output_tokens += 1
                     reasoning = _reasoning_text(delta)
                     if reasoning:
                         yield ThinkingDelta(reasoning)
@@ -149,6 +170,8 @@ class OpenAIModel:
                         calls.setdefault(index, _PartialCall()).add(fragment)
             except openai.OpenAIError as exc:
                 raise _model_error(exc) from exc
+            except httpx2.TransportError as exc:  # the connection broke mid-body
+                raise ModelError(f"model provider connection broke: {exc!r}", retryable=True, code="model_unavailable") from exc
             except json.JSONDecodeError as exc:
                 raise ModelError(f"model provider sent a malformed stream: {exc}", retryable=True) from exc
             for index in sorted(calls):
@@ -238,12 +261,20 @@ def _model_error(exc: openai.OpenAIError) -> ModelError:
     if isinstance(exc, openai.APIConnectionError):
         kind = "timed out" if isinstance(exc, openai.APITimeoutError) else "could not be reached"
         return ModelError(f"model provider {kind}: {exc}", retryable=True, code="model_unavailable")
-    if isinstance(exc, openai.RateLimitError):
-        return ModelError(f"model provider rate limit (HTTP {exc.status_code}): {exc.message}", retryable=True, code="model_rate_limited")
     if isinstance(exc, openai.APIStatusError):
+        retry_after = retry_after_seconds(exc.response.headers)
+        if isinstance(exc, openai.RateLimitError):
+            return ModelError(
+                f"model provider rate limit (HTTP {exc.status_code}): {exc.message}", retryable=True, code="model_rate_limited", retry_after=retry_after
+            )
+        if exc.status_code in (503, 529):
+            return ModelError(
+                f"model provider overloaded (HTTP {exc.status_code}): {exc.message}", retryable=True, code="model_overloaded", retry_after=retry_after
+            )
         return ModelError(
             f"model provider returned HTTP {exc.status_code}: {exc.message}",
             retryable=exc.status_code >= 500,
             code="model_error",
+            retry_after=retry_after,
         )
     return ModelError(f"model provider failed: {exc}", retryable=False, code="model_error")

@@ -23,6 +23,7 @@ from .._ids import utcnow
 from ..agent import Agent
 from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
+from ..models import Usage
 from ..store import AuditEntry, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
 from ._cancel import as_cancel_mode, cancelled_event
@@ -73,6 +74,8 @@ class Runtime:
         self._closing = False
         #: Set by :meth:`open`: then :meth:`aclose` also closes the bus and the store.
         self._owns_store = False
+        #: Tokens consumed by the model calls this process made (a counter for ``/metrics``).
+        self.tokens = Usage()
 
     @classmethod
     async def open(
@@ -189,7 +192,15 @@ class Runtime:
         if self._closing or (existing is not None and not existing.parked):
             return
         executor = RunExecutor(
-            self.store, self.bus, self.agent, run, resume=resume, takeover=takeover, four_eyes=self.four_eyes, max_queued_messages=self.max_queued_messages
+            self.store,
+            self.bus,
+            self.agent,
+            run,
+            resume=resume,
+            takeover=takeover,
+            four_eyes=self.four_eyes,
+            max_queued_messages=self.max_queued_messages,
+            on_usage=self.tokens.add,
         )
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
         self._run_tasks[run.id] = self._spawn(self._drive(executor), f"run-{run.id}")

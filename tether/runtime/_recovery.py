@@ -26,7 +26,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..events import Done, Event, Status
-from ..models import ChatMessage
+from ..models import ChatMessage, Usage
 from ..store import MessageRecord, Store
 from ._turn import CallItem
 
@@ -97,6 +97,7 @@ class CheckpointRecovery:
     accepting_messages: bool
     _leaf_id: str | None
     _partial_message_id: str | None
+    usage: Usage
 
     if TYPE_CHECKING:
 
@@ -128,7 +129,7 @@ class CheckpointRecovery:
         last = path[-1] if path else None
         if last is not None and last.role == "assistant" and last.run_id == self.run.id and last.status == "complete" and not last.tool_calls:
             self.accepting_messages = False
-            return Done(message_id=last.id)
+            return Done(message_id=last.id, usage=self.usage.to_json())
         turn = next(
             (i for i in range(len(path) - 1, -1, -1) if path[i].role == "assistant" and path[i].tool_calls and path[i].run_id == self.run.id),
             None,

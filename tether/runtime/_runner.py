@@ -29,6 +29,7 @@ outside cancellation propagates untouched and leaves the run for recovery.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import aclosing
 from datetime import timedelta
 from typing import Any
@@ -39,7 +40,8 @@ from .._ids import new_id, utcnow
 from ..agent import Agent
 from ..errors import EventLogFailed, LimitExceeded, ModelError, RunNotActive
 from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, ToolCall, UserMessage, format_ts
-from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
+from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, Usage
+from ..models._retry import stream_with_retries
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
 from ..tools import Tool, ToolArgsError, ToolContext
 from ._cancel import CancelMode, as_cancel_mode, cancelled_event
@@ -70,6 +72,7 @@ class RunExecutor(CheckpointRecovery):
         takeover: bool = False,
         four_eyes: FourEyesPolicy = "off",
         max_queued_messages: int = 100,
+        on_usage: Callable[[Usage], None] | None = None,
     ) -> None:
         self.store = store
         #: The server's four-eyes policy: which parked calls need an approver other than the requester.
@@ -100,6 +103,9 @@ class RunExecutor(CheckpointRecovery):
         #: True once the run is parked on an interrupt: this executor is done with it, and a
         #: resume may start the next one even before this task has finished closing.
         self.parked = False
+        #: Tokens consumed by the run so far (earlier segments included), for ``done``.
+        self.usage = Usage(int((run.usage or {}).get("input_tokens", 0)), int((run.usage or {}).get("output_tokens", 0)))
+        self._on_usage = on_usage
 
     @property
     def events(self) -> EventLog:
@@ -218,7 +224,7 @@ class RunExecutor(CheckpointRecovery):
                 if self._steering:
                     continue  # a steering message arrived during the last turn: one more model call
                 self.accepting_messages = False
-                return Done(message_id=turn.message_id)
+                return Done(message_id=turn.message_id, usage=self.usage.to_json())
             results = await self._handle_calls(turn.calls)
             if results is WAITING:
                 return WAITING
@@ -247,7 +253,7 @@ class RunExecutor(CheckpointRecovery):
             if self.cancel_mode:
                 scope.cancel()
             try:
-                async with aclosing(self.agent.model.stream(request)) as stream:  # type: ignore[type-var]  # Model.stream is an async generator
+                async with aclosing(stream_with_retries(self.agent.model, request, self.agent.retry, on_retry=self._announce_retry)) as stream:
                     async for delta in stream:
                         # Model output is made storable here, before anything sees it.
                         if isinstance(delta, TextDelta):
@@ -261,12 +267,14 @@ class RunExecutor(CheckpointRecovery):
                         elif isinstance(delta, ToolCallRequest):
                             requests.append(storable_request(delta))
             except ModelError as exc:
-                failure = RunError(code=exc.code, message=storable_text(exc.message), retryable=exc.retryable)
+                partial = message.id if parts else None
+                failure = RunError(code=exc.code, message=storable_text(exc.message), retryable=exc.retryable, partial_message_id=partial)
             except Exception as exc:
                 logger.warning("model call of run %s failed: %r", self.run.id, exc)
-                failure = RunError(code="model_error", message=describe_exception(exc), retryable=True)
+                failure = RunError(code="model_error", message=describe_exception(exc), retryable=True, partial_message_id=message.id if parts else None)
             finally:
                 self._model_scope = None
+        await self._record_usage(message.id, request.usage)
         text = "".join(parts)
         if scope.cancel_called and failure is None:
             await self._store_turn(message.id, content=text, status="cancelled")
@@ -279,6 +287,18 @@ class RunExecutor(CheckpointRecovery):
         await self._store_turn(message.id, content=text, status="complete", tool_calls=stored_calls or None)
         self._partial_message_id = None
         return ModelTurn(message.id, text, requests, calls)
+
+    def _announce_retry(self, attempt: int, delay: float, error: ModelError) -> None:
+        detail = f"retrying in {delay:.1f} s after {error.code} (attempt {attempt + 1} of {self.agent.retry.attempts})"
+        logger.info("run %s: model call failed (%s), %s", self.run.id, error.message, detail)
+        self.events.emit(Status(stage="model", detail=detail))
+
+    async def _record_usage(self, message_id: str, usage: Usage) -> None:
+        """Store one model call's tokens on the run (also a cancelled or failed call's)."""
+        self.usage.add(usage)
+        if self._on_usage is not None:
+            self._on_usage(usage)
+        await self.store.add_usage(self.run.id, message_id=message_id, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
 
     async def _store_turn(self, message_id: str, **values: Any) -> None:
         """Store a model turn's final state once the events announcing it are durable.

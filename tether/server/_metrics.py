@@ -1,8 +1,8 @@
 """``GET /metrics``: Prometheus metrics of this server process and its database.
 
 Counts that live in the database (runs by status, pending interrupts) are read at scrape
-time; in-process figures (executing runs, open event streams, events published) come from the
-runtime. Each application has its own registry, so several apps in one process do not clash.
+time; in-process figures (executing runs, open event streams, events published, model tokens
+consumed) come from the runtime. Each application has its own registry, so several apps in one process do not clash.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class _Snapshot(Collector):
         self.executing = 0
         self.streams = 0
         self.published = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
 
     def collect(self) -> Iterator[Metric]:
         runs = GaugeMetricFamily("tether_runs", "Runs in the database by status.", labels=["status"])
@@ -42,6 +44,10 @@ class _Snapshot(Collector):
         yield GaugeMetricFamily("tether_executing_runs", "Runs executing in this process.", value=self.executing)
         yield GaugeMetricFamily("tether_event_streams", "Open event streams (SSE followers) in this process.", value=self.streams)
         yield CounterMetricFamily("tether_events_published", "Events committed and published by this process.", value=self.published)
+        tokens = CounterMetricFamily("tether_model_tokens", "Tokens consumed by the model calls of this process, by kind.", labels=["kind"])
+        tokens.add_metric(["input"], self.input_tokens)
+        tokens.add_metric(["output"], self.output_tokens)
+        yield tokens
 
 
 def _snapshot_of(request: Request) -> tuple[CollectorRegistry, _Snapshot]:
@@ -66,4 +72,6 @@ async def metrics(request: Request) -> Response:
     snapshot.executing = runtime.executing_count()
     snapshot.streams = runtime.bus.total_subscribers()
     snapshot.published = runtime.bus.published
+    snapshot.input_tokens = runtime.tokens.input_tokens
+    snapshot.output_tokens = runtime.tokens.output_tokens
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -58,8 +58,19 @@ def run_view(run: RunRecord, *, pending_interrupt: dict[str, Any] | None = None)
         "ended_at": _ts(run.ended_at),
         "error": run.error,
         "requested_by": run.requested_by,
+        "usage": run_usage_view(run.usage),
         "cancel": ({"mode": run.cancel_mode, "reason": run.cancel_reason, "actor": run.cancel_actor} if run.cancel_mode else None),
         "pending_interrupt": pending_interrupt,
+    }
+
+
+def run_usage_view(usage: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's token usage: totals, and the model calls that made them (zeros before the first)."""
+    usage = usage or {}
+    return {
+        "input_tokens": int(usage.get("input_tokens", 0)),
+        "output_tokens": int(usage.get("output_tokens", 0)),
+        "calls": list(usage.get("calls", [])),
     }
 
 

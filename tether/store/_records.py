@@ -104,6 +104,8 @@ class RunRecord:
     lease_expires_at: datetime | None = None
     #: The principal who started the run (None for runs from before identity existed).
     requested_by: str | None = None
+    #: Tokens consumed: ``{"input_tokens", "output_tokens", "calls": [{"message_id", "input_tokens", "output_tokens"}, …]}``.
+    usage: dict[str, Any] | None = None
 
     @property
     def terminal(self) -> bool:
@@ -275,6 +277,7 @@ def run_record(row: Any) -> RunRecord:
         executor_id=row.executor_id,
         lease_expires_at=row.lease_expires_at,
         requested_by=row.requested_by,
+        usage=row.usage,
     )
 
 

@@ -186,6 +186,23 @@ class RunStore(EventStore):
             )
         return result.rowcount == 1
 
+    async def add_usage(self, run_id: str, *, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+        """Add one model call's token counts to the run's usage; returns the new usage.
+
+        Only the run's executor writes it, one call at a time, so a read-modify-write in one
+        transaction is enough.
+        """
+        async with self._writing() as conn:
+            current = (await conn.execute(sa.select(runs.c.usage).where(runs.c.id == run_id))).scalar_one_or_none() or {}
+            calls = [*current.get("calls", []), {"message_id": message_id, "input_tokens": input_tokens, "output_tokens": output_tokens}]
+            usage = {
+                "input_tokens": int(current.get("input_tokens", 0)) + input_tokens,
+                "output_tokens": int(current.get("output_tokens", 0)) + output_tokens,
+                "calls": calls,
+            }
+            await conn.execute(runs.update().where(runs.c.id == run_id).values(usage=usage))
+        return usage
+
     async def request_cancel(self, run_id: str, *, mode: str, reason: str | None, actor: str) -> RunRecord:
         """Record a cancel request: active → ``cancelling``; a second hard request upgrades a soft one.
 

@@ -106,6 +106,8 @@ runs = sa.Table(
     sa.Column("lease_expires_at", Timestamp, nullable=True),
     # The principal who started the run: may decide its interrupts (unless four-eyes applies).
     sa.Column("requested_by", sa.String(200), nullable=True),
+    # Tokens the run's model calls consumed: totals and one entry per call (see RunStore.add_usage).
+    sa.Column("usage", JSONType, nullable=True),
     sa.Index("ix_runs_thread", "thread_id", "created_at"),
     sa.Index("ix_runs_requested_by_status", "requested_by", "status"),
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),

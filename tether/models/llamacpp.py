@@ -1,0 +1,360 @@
+"""``LlamaCppModel``: a GGUF model run in process by ``llama-cpp-python`` (the ``local`` extra).
+
+No server, no key, no network: the model file is loaded into this process on first use. Made
+for small models on a CPU (``--model local`` is SmolLM2-135M-Instruct) and for tests that need a
+real model in CI.
+
+**Off the event loop.** Generating a token is a few milliseconds of CPU in C; done on the event
+loop it would stall every other run and stream of the server. Each call runs its generation in
+a thread of its own, which hands each token's text to the loop (``call_soon_threadsafe``); the
+async side only waits on a queue. llama.cpp releases the GIL while it computes.
+
+**Stopping within one token.** Cancelling the run cancels the ``await`` on that queue; the
+generator's ``finally`` sets the generation's stop flag and waits (shielded) for its thread.
+The thread checks the flag before asking for every next token, so after the cancel it finishes
+at most the one token it was computing: :attr:`LlamaCppModel.generations` records, per call,
+how many tokens were generated after the stop was asked for (the tests hold it to ≤ 1).
+
+**Tool calls by constrained decoding.** A 135M model asked to "call a tool in JSON" mostly
+produces JSON that is not quite right. When tools are offered, sampling is constrained by a
+llama.cpp grammar built from one JSON schema: *either* ``{"answer": "<text>"}`` *or*
+``{"tool": "<one of the tools>", "arguments": <that tool's parameter schema>}``. Every output is
+then one of these, and a call's arguments have the shape the tool asked for (llama.cpp's
+grammar ignores numeric bounds such as ``minimum``; Tether still validates the arguments and
+tells the model when they fail). The answer's text is streamed as it is generated, decoded from
+the JSON string on the fly; a call becomes one :class:`~tether.models.ToolCallRequest` at the end.
+Without tools, the model writes free text.
+
+**History.** Messages go through the model's own chat template (from the GGUF file; ChatML when
+it has none). Small instruction models know no tool role, so an assistant turn that called
+tools is shown as the JSON it produced, and a tool result as a user message naming the tool.
+
+**Usage** is counted here: the prompt's tokens and every token generated, also those of a
+cancelled call. One ``Llama`` runs one generation at a time (a lock), so concurrent runs of
+one model take turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ..errors import ModelConfigError, ModelError
+from . import ModelDelta, ModelRequest, TextDelta, ToolCallRequest, ToolSpec
+
+__all__ = ["LlamaCppModel", "Generation", "tool_choice_schema"]
+
+_CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_END = object()
+
+
+@dataclass
+class Generation:
+    """What one model call did, counted inside the adapter."""
+
+    prompt_tokens: int = 0
+    #: Tokens generated in all.
+    generated_tokens: int = 0
+    #: True when the consumer stopped the generation before it ended on its own.
+    stopped: bool = False
+    #: Tokens generated after the stop was asked for (the one being computed, at most).
+    tokens_after_stop: int = 0
+    #: Seconds from the start of the call to the first token, and to the last.
+    first_token_s: float | None = None
+    total_s: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _tokens_at_stop: int = field(default=0, repr=False)
+
+    def stop(self) -> None:
+        """Ask the generating thread to stop before its next token."""
+        if not self._stop.is_set():
+            self._tokens_at_stop = self.generated_tokens
+            self.stopped = True
+            self._stop.set()
+
+
+def tool_choice_schema(tools: list[ToolSpec]) -> dict[str, Any]:
+    """The JSON schema of "answer, or call one of these tools with arguments of its schema"."""
+    answer = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}
+    calls = [
+        {
+            "type": "object",
+            "properties": {"tool": {"const": tool.name}, "arguments": tool.parameters},
+            "required": ["tool", "arguments"],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    return {"oneOf": [*calls, answer]}
+
+
+class LlamaCppModel:
+    """A streaming model running a GGUF file in this process with ``llama-cpp-python``."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+        seed: int = 0,
+        constrained_tools: bool = True,
+    ) -> None:
+        try:
+            import llama_cpp  # noqa: F401  # fail here, with advice, rather than at the first call
+        except ImportError as exc:
+            raise ModelConfigError("LlamaCppModel needs llama-cpp-python: pip install 'tether[local]'") from exc
+        #: The GGUF file.
+        self.model_path = Path(model_path)
+        #: Context window in tokens (prompt and answer).
+        self.n_ctx = n_ctx
+        #: CPU threads for generation (``None``: llama.cpp's default).
+        self.n_threads = n_threads
+        #: The most tokens one call generates.
+        self.max_tokens = max_tokens
+        #: 0 is greedy decoding (the same answer every time).
+        self.temperature = temperature
+        self.seed = seed
+        #: Constrain the output to "answer or call a tool" when tools are offered (see module docs).
+        self.constrained_tools = constrained_tools
+        #: The last calls' :class:`Generation` records, newest last.
+        self.generations: deque[Generation] = deque(maxlen=100)
+        self._llama: Any = None
+        self._template: Any = None
+        self._lock = threading.Lock()  # one generation at a time: a Llama is not thread-safe
+
+    def __repr__(self) -> str:
+        return f"LlamaCppModel(model_path={str(self.model_path)!r})"
+
+    async def load(self) -> None:
+        """Load the model file now (otherwise the first call does), off the event loop."""
+        await anyio.to_thread.run_sync(self._load)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        """Yield the deltas of one model call; closing or cancelling it stops the generation."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        finished = asyncio.Event()
+        generation = Generation()
+        self.generations.append(generation)
+
+        def hand_over(item: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def run() -> None:
+            try:
+                self._generate(request, generation, hand_over)
+            except BaseException as exc:  # handed to the consumer, which raises it as a ModelError
+                hand_over(exc)
+            finally:
+                hand_over(_END)
+                loop.call_soon_threadsafe(finished.set)
+
+        constrained = bool(request.tools) and self.constrained_tools
+        output = _ConstrainedOutput() if constrained else None
+        thread = threading.Thread(target=run, name="tether-llamacpp", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise ModelError(f"local model failed: {type(item).__name__}: {item}", retryable=False) from item
+                request.usage.input_tokens = generation.prompt_tokens
+                request.usage.output_tokens = generation.generated_tokens
+                text: str = item
+                if output is None:
+                    if text:
+                        yield TextDelta(text)
+                else:
+                    answer = output.feed(text)
+                    if answer:
+                        yield TextDelta(answer)
+            if output is not None:
+                for delta in output.finish():
+                    yield delta
+        finally:
+            generation.stop()
+            with anyio.CancelScope(shield=True):
+                await finished.wait()
+            request.usage.input_tokens = generation.prompt_tokens
+            request.usage.output_tokens = generation.generated_tokens
+
+    # -- in the generation thread -------------------------------------------------------
+
+    def _load(self) -> Any:
+        with self._lock:
+            return self._load_locked()
+
+    def _load_locked(self) -> Any:
+        if self._llama is None:
+            import llama_cpp
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            if not self.model_path.is_file():
+                raise ModelConfigError(f"no GGUF model file at {str(self.model_path)!r}")
+            llama = llama_cpp.Llama(model_path=str(self.model_path), n_ctx=self.n_ctx, n_threads=self.n_threads, seed=self.seed, verbose=False)
+            template = llama.metadata.get("tokenizer.chat_template") or _CHATML
+            eos = llama.detokenize([llama.token_eos()], special=True).decode("utf-8", "replace")
+            bos = llama.detokenize([llama.token_bos()], special=True).decode("utf-8", "replace") if llama.token_bos() >= 0 else ""
+            self._template = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+            self._llama = llama
+        return self._llama
+
+    def _generate(self, request: ModelRequest, generation: Generation, hand_over: Callable[[Any], None]) -> None:
+        started = time.perf_counter()
+        with self._lock:
+            llama = self._load_locked()
+            import llama_cpp
+
+            prompt = self._template(messages=_chat_messages(request)).prompt
+            tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+            generation.prompt_tokens = len(tokens)
+            if len(tokens) >= self.n_ctx:
+                raise ModelError(f"the prompt has {len(tokens)} tokens; the context window holds {self.n_ctx}", code="model_context_exceeded")
+            grammar = None
+            if request.tools and self.constrained_tools:
+                grammar = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(tool_choice_schema(request.tools)), verbose=False)
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            budget = min(self.max_tokens, self.n_ctx - len(tokens))
+            produced: list[int] = []
+            tokens_iter = llama.generate(tokens, temp=self.temperature, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, reset=True, grammar=grammar)
+            try:
+                while not generation._stop.is_set() and len(produced) < budget:
+                    token = next(tokens_iter, None)
+                    if token is None or llama_cpp.llama_token_is_eog(llama._model.vocab, token):
+                        break
+                    produced.append(token)
+                    generation.generated_tokens += 1
+                    if generation.first_token_s is None:
+                        generation.first_token_s = time.perf_counter() - started
+                    if generation.stopped:
+                        generation.tokens_after_stop = generation.generated_tokens - generation._tokens_at_stop
+                    hand_over(decoder.decode(llama.detokenize([token], prev_tokens=tokens + produced[:-1])))
+            finally:
+                tokens_iter.close()
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                hand_over(tail)
+        generation.total_s = time.perf_counter() - started
+
+
+def _chat_messages(request: ModelRequest) -> list[dict[str, str]]:
+    """The history as plain chat messages a small model's template understands."""
+    messages: list[dict[str, str]] = []
+    system = "\n\n".join(m.content for m in request.messages if m.role == "system" and m.content)
+    if request.tools:
+        lines = [f"- {t.name}: {t.description} Arguments (JSON schema): {json.dumps(t.parameters)}" for t in request.tools]
+        system = (system + "\n\n" if system else "") + (
+            "You can call these tools:\n" + "\n".join(lines) + '\nTo call a tool, reply {"tool": "<name>", "arguments": {…}}. '
+            'To answer the user, reply {"answer": "<your answer>"}. Use a tool when it can give you facts you need.'
+        )
+    if system:
+        messages.append({"role": "system", "content": system})
+    for message in request.messages:
+        if message.role == "system":
+            continue
+        if message.role == "tool":
+            messages.append({"role": "user", "content": f"Result of the tool {message.name or 'call'}: {message.content}"})
+        elif message.role == "assistant":
+            if message.tool_calls:
+                call = message.tool_calls[0]  # this adapter asks for one call per turn
+                messages.append({"role": "assistant", "content": json.dumps({"tool": call.name, "arguments": call.args}, ensure_ascii=False)})
+            elif request.tools and message.content:
+                messages.append({"role": "assistant", "content": json.dumps({"answer": message.content}, ensure_ascii=False)})
+            elif message.content:
+                messages.append({"role": "assistant", "content": message.content})
+        else:
+            messages.append({"role": "user", "content": message.content})
+    return messages
+
+
+class _ConstrainedOutput:
+    """Reads ``{"answer": "…"}`` or ``{"tool": …, "arguments": …}`` as it is generated.
+
+    The answer's string is decoded and handed on as it grows, so the answer streams; a call is
+    parsed whole at the end.
+    """
+
+    _ANSWER = re.compile(r'\s*\{\s*"answer"\s*:\s*"')
+    _TOOL = re.compile(r'\s*\{\s*"tool"')
+
+    def __init__(self) -> None:
+        self.raw = ""
+        self.kind: str | None = None  # "answer" or "tool", once known
+        self._cursor = 0  # in "answer": where the undecoded part of the string starts
+        self._closed = False  # the answer's closing quote was seen
+
+    def feed(self, text: str) -> str:
+        """Take more output; return the answer text it completes (may be empty)."""
+        self.raw += text
+        if self.kind is None:
+            if match := self._ANSWER.match(self.raw):
+                self.kind, self._cursor = "answer", match.end()
+            elif self._TOOL.match(self.raw):
+                self.kind = "tool"
+        if self.kind != "answer" or self._closed:
+            return ""
+        return self._decode_string()
+
+    def finish(self) -> list[ModelDelta]:
+        """What the whole output adds at the end: the tool call, or text nobody could parse."""
+        if self.kind == "answer":
+            return []
+        try:
+            value = json.loads(self.raw)
+        except ValueError:
+            value = None
+        if isinstance(value, dict) and isinstance(value.get("tool"), str) and isinstance(value.get("arguments"), dict):
+            return [ToolCallRequest(id="call_" + uuid.uuid4().hex[:16], name=value["tool"], args=value["arguments"])]
+        return [TextDelta(self.raw)] if self.raw.strip() else []  # cut short (max_tokens): shown as is
+
+    def _decode_string(self) -> str:
+        out: list[str] = []
+        raw, i = self.raw, self._cursor
+        while i < len(raw):
+            char = raw[i]
+            if char == '"':
+                self._closed = True
+                i += 1
+                break
+            if char != "\\":
+                out.append(char)
+                i += 1
+                continue
+            if i + 1 >= len(raw):
+                break  # the escape is not complete yet
+            if raw[i + 1] == "u":
+                if i + 6 > len(raw):
+                    break
+                escape = raw[i : i + 6]
+                # A surrogate pair is two escapes: wait for both.
+                if 0xD800 <= int(escape[2:], 16) <= 0xDBFF:
+                    if i + 12 > len(raw):
+                        break
+                    escape = raw[i : i + 12]
+            else:
+                escape = raw[i : i + 2]
+            out.append(json.loads(f'"{escape}"'))
+            i += len(escape)
+        self._cursor = i
+        return "".join(out)
