@@ -68,6 +68,8 @@ _END = object()
 class Generation:
     """What one model call did, counted inside the adapter."""
 
+    #: The prompt as the model's chat template rendered it.
+    prompt: str = ""
     prompt_tokens: int = 0
     #: Tokens generated in all.
     generated_tokens: int = 0
@@ -126,7 +128,9 @@ class LlamaCppModel:
         self.model_path = Path(model_path)
         #: Context window in tokens (prompt and answer).
         self.n_ctx = n_ctx
-        #: CPU threads for generation (``None``: llama.cpp's default).
+        #: CPU threads for generation and prompt processing (``None``: llama.cpp's defaults). On a
+        #: machine shared with other busy processes, 1 is often fastest: llama.cpp's worker
+        #: threads wait for each other, and a descheduled one stalls them all.
         self.n_threads = n_threads
         #: The most tokens one call generates.
         self.max_tokens = max_tokens
@@ -170,12 +174,14 @@ class LlamaCppModel:
 
         constrained = bool(request.tools) and self.constrained_tools
         output = _ConstrainedOutput() if constrained else None
+        ended = False
         thread = threading.Thread(target=run, name="tether-llamacpp", daemon=True)
         thread.start()
         try:
             while True:
                 item = await queue.get()
                 if item is _END:
+                    ended = True
                     break
                 if isinstance(item, BaseException):
                     raise ModelError(f"local model failed: {type(item).__name__}: {item}", retryable=False) from item
@@ -193,7 +199,8 @@ class LlamaCppModel:
                 for delta in output.finish():
                     yield delta
         finally:
-            generation.stop()
+            if not ended:  # cancelled, closed early, or failed: stop before the next token
+                generation.stop()
             with anyio.CancelScope(shield=True):
                 await finished.wait()
             request.usage.input_tokens = generation.prompt_tokens
@@ -212,7 +219,18 @@ class LlamaCppModel:
 
             if not self.model_path.is_file():
                 raise ModelConfigError(f"no GGUF model file at {str(self.model_path)!r}")
-            llama = llama_cpp.Llama(model_path=str(self.model_path), n_ctx=self.n_ctx, n_threads=self.n_threads, seed=self.seed, verbose=False)
+            llama = llama_cpp.Llama(
+                model_path=str(self.model_path),
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads,
+                seed=self.seed,
+                verbose=False,
+            )
+            # The first evaluation pages the weights in and sets up the compute graph (seconds
+            # on a busy machine): done here, so that it is not the first call's time to first token.
+            llama.eval(llama.tokenize(b"Hello", add_bos=True))
+            llama.reset()
             template = llama.metadata.get("tokenizer.chat_template") or _CHATML
             eos = llama.detokenize([llama.token_eos()], special=True).decode("utf-8", "replace")
             bos = llama.detokenize([llama.token_bos()], special=True).decode("utf-8", "replace") if llama.token_bos() >= 0 else ""
@@ -227,6 +245,7 @@ class LlamaCppModel:
             import llama_cpp
 
             prompt = self._template(messages=_chat_messages(request)).prompt
+            generation.prompt = prompt
             tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
             generation.prompt_tokens = len(tokens)
             if len(tokens) >= self.n_ctx:
@@ -234,6 +253,8 @@ class LlamaCppModel:
             grammar = None
             if request.tools and self.constrained_tools:
                 grammar = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(tool_choice_schema(request.tools)), verbose=False)
+            # llama-cpp-python's own generation loop asks this of the vocabulary (end of turn, EOS).
+            is_eog = getattr(llama_cpp, "llama_vocab_is_eog", None) or llama_cpp.llama_token_is_eog
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             budget = min(self.max_tokens, self.n_ctx - len(tokens))
             produced: list[int] = []
@@ -241,7 +262,7 @@ class LlamaCppModel:
             try:
                 while not generation._stop.is_set() and len(produced) < budget:
                     token = next(tokens_iter, None)
-                    if token is None or llama_cpp.llama_token_is_eog(llama._model.vocab, token):
+                    if token is None or is_eog(llama._model.vocab, token):
                         break
                     produced.append(token)
                     generation.generated_tokens += 1
@@ -263,7 +284,9 @@ def _chat_messages(request: ModelRequest) -> list[dict[str, str]]:
     messages: list[dict[str, str]] = []
     system = "\n\n".join(m.content for m in request.messages if m.role == "system" and m.content)
     if request.tools:
-        lines = [f"- {t.name}: {t.description} Arguments (JSON schema): {json.dumps(t.parameters)}" for t in request.tools]
+        # Names and argument names only: the grammar holds the model to the full schemas, and
+        # every prompt token costs time on a CPU.
+        lines = [f"- {_signature(t)}: {t.description}" for t in request.tools]
         system = (system + "\n\n" if system else "") + (
             "You can call these tools:\n" + "\n".join(lines) + '\nTo call a tool, reply {"tool": "<name>", "arguments": {…}}. '
             'To answer the user, reply {"answer": "<your answer>"}. Use a tool when it can give you facts you need.'
@@ -286,6 +309,13 @@ def _chat_messages(request: ModelRequest) -> list[dict[str, str]]:
         else:
             messages.append({"role": "user", "content": message.content})
     return messages
+
+
+def _signature(tool: ToolSpec) -> str:
+    """``get_order(order_id: string)``: a tool as a short line of the prompt."""
+    properties = tool.parameters.get("properties") or {}
+    args = ", ".join(f"{name}: {spec.get('type', 'any') if isinstance(spec, dict) else 'any'}" for name, spec in properties.items())
+    return f"{tool.name}({args})"
 
 
 class _ConstrainedOutput:

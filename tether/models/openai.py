@@ -89,6 +89,7 @@ class OpenAIModel:
         timeout: float = 60.0,
         max_retries: int = 0,
         stream_usage: bool = True,
+        tool_choice: str | None = "auto",
     ) -> None:
         #: The model name sent with every request.
         self.model = model or _env("TETHER_OPENAI_MODEL") or DEFAULT_MODEL
@@ -98,6 +99,9 @@ class OpenAIModel:
         self.temperature = temperature
         #: Ask for the usage chunk at the end of the stream (``stream_options.include_usage``).
         self.stream_usage = stream_usage
+        #: Sent with the tools. ``"auto"`` is OpenAI's default, but some compatible servers
+        #: (llama.cpp's Python server) ignore the tools unless it is said; ``None`` sends nothing.
+        self.tool_choice = tool_choice
         self._client = openai.AsyncOpenAI(
             api_key=api_key or _env("TETHER_OPENAI_API_KEY", "OPENAI_API_KEY") or PLACEHOLDER_API_KEY,
             base_url=self.base_url,
@@ -132,6 +136,8 @@ class OpenAIModel:
         }
         if request.tools:
             params["tools"] = [_tool_to_openai(t) for t in request.tools]
+            if self.tool_choice is not None:
+                params["tool_choice"] = self.tool_choice
         if self.temperature is not None:
             params["temperature"] = self.temperature
         if self.stream_usage:

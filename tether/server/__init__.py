@@ -2,9 +2,10 @@
 
 ``create_app`` builds it; its lifespan opens the runtime (which opens the store, running
 migrations, and its bus), starts it (the agent's ``on_startup``, then recovering what a previous
-process left) and, on shutdown, closes it. Routes live one module per resource, response shapes
-in ``views``; the error mapping lives in ``_errors``. Who is calling is settled once per request
-by ``_auth`` (a middleware in front of every route); what they may see and do, by ``_access``.
+process left) and, on shutdown, closes it and the model's connections (``aclose``, if it has
+one). Routes live one module per resource, response shapes in ``views``; the error mapping lives
+in ``_errors``. Who is calling is settled once per request by ``_auth`` (a middleware in front of
+every route); what they may see and do, by ``_access``.
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ def create_app(
             yield
         finally:
             await runtime.aclose()
+            # A hosted model's connection pool belongs to this event loop, which ends here.
+            aclose = getattr(agent.model, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     app = FastAPI(title="Tether", version=__version__, lifespan=lifespan, responses=ERROR_RESPONSES)
     app.state.sse_ping_s = sse_ping_s

