@@ -219,7 +219,7 @@ class LlamaCppModel:
 
             if not self.model_path.is_file():
                 raise ModelConfigError(f"no GGUF model file at {str(self.model_path)!r}")
-            llama = llama_cpp.Llama(
+            llama: Any = llama_cpp.Llama(
                 model_path=str(self.model_path),
                 n_ctx=self.n_ctx,
                 n_threads=self.n_threads,
@@ -243,6 +243,7 @@ class LlamaCppModel:
         with self._lock:
             llama = self._load_locked()
             import llama_cpp
+            from llama_cpp.llama_grammar import LlamaGrammar
 
             prompt = self._template(messages=_chat_messages(request)).prompt
             generation.prompt = prompt
@@ -252,7 +253,7 @@ class LlamaCppModel:
                 raise ModelError(f"the prompt has {len(tokens)} tokens; the context window holds {self.n_ctx}", code="model_context_exceeded")
             grammar = None
             if request.tools and self.constrained_tools:
-                grammar = llama_cpp.LlamaGrammar.from_json_schema(json.dumps(tool_choice_schema(request.tools)), verbose=False)
+                grammar = LlamaGrammar.from_json_schema(json.dumps(tool_choice_schema(request.tools)), verbose=False)
             # llama-cpp-python's own generation loop asks this of the vocabulary (end of turn, EOS).
             is_eog = getattr(llama_cpp, "llama_vocab_is_eog", None) or llama_cpp.llama_token_is_eog
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
