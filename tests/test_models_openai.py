@@ -138,7 +138,6 @@ async def test_history_and_tools_are_sent_in_openai_format(provider: FakeProvide
         {"role": "user", "content": "Where is order A100?"},
         {
             "role": "assistant",
-            "content": None,
             "tool_calls": [
                 {"id": "call_1", "type": "function", "function": {"name": "get_order", "arguments": '{"order_id": "A100"}'}},
                 {"id": "call_2", "type": "function", "function": {"name": "note", "arguments": "not json"}},

@@ -89,7 +89,7 @@ class OpenAIModel:
         timeout: float = 60.0,
         max_retries: int = 0,
         stream_usage: bool = True,
-        tool_choice: str | None = "auto",
+        tool_choice: str | dict[str, Any] | None = "auto",
     ) -> None:
         #: The model name sent with every request.
         self.model = model or _env("TETHER_OPENAI_MODEL") or DEFAULT_MODEL
@@ -100,7 +100,8 @@ class OpenAIModel:
         #: Ask for the usage chunk at the end of the stream (``stream_options.include_usage``).
         self.stream_usage = stream_usage
         #: Sent with the tools. ``"auto"`` is OpenAI's default, but some compatible servers
-        #: (llama.cpp's Python server) ignore the tools unless it is said; ``None`` sends nothing.
+        #: (llama.cpp's Python server) ignore the tools unless it is said; ``None`` sends nothing;
+        #: ``{"type": "function", "function": {"name": …}}`` makes the model call that tool.
         self.tool_choice = tool_choice
         self._client = openai.AsyncOpenAI(
             api_key=api_key or _env("TETHER_OPENAI_API_KEY", "OPENAI_API_KEY") or PLACEHOLDER_API_KEY,
@@ -235,10 +236,8 @@ def _message_to_openai(message: ChatMessage) -> dict[str, Any]:
     if message.role == "tool":
         return {"role": "tool", "tool_call_id": message.tool_call_id or "", "content": message.content}
     if message.role == "assistant" and message.tool_calls:
-        return {
+        turn: dict[str, Any] = {
             "role": "assistant",
-            # OpenAI wants null, not "", for an assistant turn that only calls tools.
-            "content": message.content or None,
             "tool_calls": [
                 {
                     "id": call.id,
@@ -251,6 +250,11 @@ def _message_to_openai(message: ChatMessage) -> dict[str, Any]:
                 for call in message.tool_calls
             ],
         }
+        # A turn that only calls tools has no content: OpenAI takes it left out (or null, which
+        # llama.cpp's server refuses), not "".
+        if message.content:
+            turn["content"] = message.content
+        return turn
     return {"role": message.role, "content": message.content}
 
 
