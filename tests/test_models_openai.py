@@ -301,3 +301,30 @@ async def test_from_env_reads_model_base_url_and_key(provider: FakeProvider, mon
         assert await collect(model) == [TextDelta("ok")]
 
     assert provider.requests[0]["model"] == "env-model"
+
+
+async def test_usage_comes_from_the_providers_usage_chunk(provider: FakeProvider, model: OpenAIModel) -> None:
+    provider.add(Turn(text=["a", "b", "c"], usage=(31, 9)))
+
+    await collect(model, request := ModelRequest(HELLO.messages))
+
+    assert provider.requests[0]["stream_options"] == {"include_usage": True}
+    assert (request.usage.input_tokens, request.usage.output_tokens) == (31, 9)
+
+
+async def test_without_a_usage_chunk_output_tokens_are_counted_as_content_chunks(provider: FakeProvider) -> None:
+    provider.add(Turn(text=["a", "b", "c"], usage=(31, 9)))
+
+    async with OpenAIModel("fake-model", base_url=provider.base_url, stream_usage=False) as quiet:
+        await collect(quiet, request := ModelRequest(HELLO.messages))
+
+    assert "stream_options" not in provider.requests[0]
+    assert (request.usage.input_tokens, request.usage.output_tokens) == (0, 3)
+
+
+async def test_tool_choice_is_sent_with_the_tools(provider: FakeProvider, model: OpenAIModel) -> None:
+    tools = [ToolSpec("get_order", "Look up an order.", {"type": "object", "properties": {}})]
+
+    await collect(model, ModelRequest(HELLO.messages, tools))
+
+    assert provider.requests[0]["tool_choice"] == "auto"
