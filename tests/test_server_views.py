@@ -48,6 +48,7 @@ def test_a_run_view_shows_its_status_as_the_stored_string_and_its_cancel_request
         "ended_at": None,
         "error": None,
         "requested_by": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0, "calls": []},
         "cancel": {"mode": "soft", "reason": "stop", "actor": "alice"},
         "pending_interrupt": None,
     }
