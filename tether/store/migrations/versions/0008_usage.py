@@ -1,14 +1,14 @@
 """Run usage: the tokens a run's model calls consumed, per call and in total.
 
 Revision ID: 0008
-Revises: 0005
+Revises: 0007
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0008"
-down_revision = "0005"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
