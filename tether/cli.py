@@ -256,7 +256,16 @@ def demo(
     from .demo import build_demo_agent
 
     _auth_mode(host, options["auth"])
-    _run_server(build_demo_agent(_model_from_option(model_spec, openai_base_url)), host, port, db or default_db_url("demo"), log_level, lease_seconds, max_connections, options)
+    _run_server(
+        build_demo_agent(_model_from_option(model_spec, openai_base_url)),
+        host,
+        port,
+        db or default_db_url("demo"),
+        log_level,
+        lease_seconds,
+        max_connections,
+        options,
+    )
 
 
 @main.command()

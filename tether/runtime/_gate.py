@@ -15,11 +15,13 @@ or respond: stopping an action never needs a second person.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import FieldError, Forbidden, InvalidRequest
 from ..tools import RISK_ORDER, Tool, ToolArgsError, mask_value
-from ._turn import CallItem
+
+if TYPE_CHECKING:  # _turn uses is_gated
+    from ._turn import CallItem
 
 __all__ = ["FourEyesPolicy", "is_gated", "needs_four_eyes", "action_request", "review_config", "check_decisions", "check_four_eyes"]
 

@@ -39,19 +39,19 @@ import anyio
 from .._ids import new_id, utcnow
 from ..agent import Agent
 from ..errors import EventLogFailed, LimitExceeded, ModelError, RunNotActive
-from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, ToolCall, UserMessage, format_ts
+from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, Usage
 from ..models._retry import stream_with_retries
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
-from ..tools import Tool, ToolArgsError, ToolContext
+from ..tools import Tool, ToolContext
 from ._cancel import CancelMode, as_cancel_mode, cancelled_event
 from ._config import RunConfig
 from ._eventlog import EventLog
-from ._gate import FourEyesPolicy, action_request, is_gated, needs_four_eyes, review_config
+from ._gate import FourEyesPolicy, action_request, needs_four_eyes, review_config
 from ._history import HistoryPolicy, to_chat_messages
 from ._recovery import WAITING, CheckpointRecovery
 from ._storable import describe_exception, storable_request, storable_text
-from ._turn import CallItem, ModelTurn, ParkedTurn, json_safe, masked_args, parse_args, turn_messages
+from ._turn import CallItem, ModelTurn, ParkedTurn, announce_calls, json_safe, masked_args, turn_messages
 
 __all__ = ["RunExecutor"]
 
@@ -282,7 +282,9 @@ class RunExecutor(CheckpointRecovery):
         if failure is not None:
             await self._store_turn(message.id, content=text, status="failed")
             return ModelTurn(message.id, text, [], [], failure)
-        calls = self._announce_calls(message.id, requests)
+        calls, announcements = announce_calls(self.agent.tools, self.config.approval_threshold, message.id, requests)
+        for announcement in announcements:
+            self.events.emit(announcement)
         stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
         await self._store_turn(message.id, content=text, status="complete", tool_calls=stored_calls or None)
         self._partial_message_id = None
@@ -310,35 +312,6 @@ class RunExecutor(CheckpointRecovery):
         await self.store.update_message(message_id, **values)
 
     # -- tools -------------------------------------------------------------------------------
-
-    def _announce_calls(self, message_id: str, requests: list[ToolCallRequest]) -> list[CallItem]:
-        """Validate every call of a turn and emit its ``tool_call`` event."""
-        threshold = self.config.approval_threshold
-        calls: list[CallItem] = []
-        for request in requests:
-            tool = self.agent.tools.get(request.name)
-            call = CallItem(request.id, request.name, request.args)
-            if tool is None:
-                call.settle("error", error=f"unknown tool {request.name!r}; available: {', '.join(self.agent.tools) or 'none'}")
-            else:
-                try:
-                    call.args = json_safe(tool.validate(request.args if isinstance(request.args, dict) else parse_args(request.args)))
-                    call.gated = is_gated(tool, threshold)
-                except ToolArgsError as exc:
-                    call.settle("error", error=str(exc))
-            calls.append(call)
-            shown = masked_args(tool, request.args)
-            self.events.emit(
-                ToolCall(
-                    call_id=request.id,
-                    name=request.name,
-                    args=json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
-                    risk=tool.risk if tool else "read_only",
-                    gated=call.gated,
-                    message_id=message_id,
-                )
-            )
-        return calls
 
     async def _handle_calls(self, calls: list[CallItem]) -> list[ChatMessage] | object:
         """Answer the invalid calls; run the ungated ones; park on the gated ones."""

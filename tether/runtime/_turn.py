@@ -14,17 +14,19 @@ and read back by whichever process resumes, expires or cancels the run.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._ids import new_id
-from ..events import Event, ToolResult, ToolStatus
+from ..events import Event, ToolCall, ToolResult, ToolStatus
 from ..models import ToolCallRequest
 from ..store import MessageRecord
-from ..tools import Tool
+from ..tools import Tool, ToolArgsError
+from ._gate import is_gated
 from ._storable import storable_json, storable_text
 
-__all__ = ["CallItem", "ModelTurn", "ParkedTurn", "json_safe", "masked_args", "parse_args", "tool_message_content", "turn_messages"]
+__all__ = ["CallItem", "ModelTurn", "ParkedTurn", "announce_calls", "json_safe", "masked_args", "parse_args", "tool_message_content", "turn_messages"]
 
 #: What a decision that does not run the tool records (``approve``/``edit`` run it).
 _NOT_RUN: dict[str, tuple[ToolStatus, str]] = {
@@ -236,3 +238,34 @@ def parse_args(raw: str) -> Any:
         return json.loads(raw) if raw.strip() else {}
     except ValueError:
         return raw
+
+
+def announce_calls(tools: Mapping[str, Tool], threshold: str, message_id: str, requests: list[ToolCallRequest]) -> tuple[list[CallItem], list[ToolCall]]:
+    """Validate every call of a turn (an unknown tool or invalid args settle it as ``error``, for
+    the model to read) and build the ``tool_call`` event announcing each, args masked."""
+    calls: list[CallItem] = []
+    announcements: list[ToolCall] = []
+    for request in requests:
+        tool = tools.get(request.name)
+        call = CallItem(request.id, request.name, request.args)
+        if tool is None:
+            call.settle("error", error=f"unknown tool {request.name!r}; available: {', '.join(tools) or 'none'}")
+        else:
+            try:
+                call.args = json_safe(tool.validate(request.args if isinstance(request.args, dict) else parse_args(request.args)))
+                call.gated = is_gated(tool, threshold)
+            except ToolArgsError as exc:
+                call.settle("error", error=str(exc))
+        calls.append(call)
+        shown = masked_args(tool, request.args)
+        announcements.append(
+            ToolCall(
+                call_id=request.id,
+                name=request.name,
+                args=json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
+                risk=tool.risk if tool else "read_only",
+                gated=call.gated,
+                message_id=message_id,
+            )
+        )
+    return calls, announcements
