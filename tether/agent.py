@@ -55,7 +55,12 @@ class Agent:
         #: What of a thread's active path the model is given; ``None``: the default policy.
         self.history = history
         self.retry = retry or RetryPolicy()
+        self._specs: tuple[tuple[int, ...], list[ToolSpec]] | None = None
 
     def tool_specs(self) -> list[ToolSpec]:
-        """The tools as the model sees them."""
-        return [ToolSpec(t.name, t.description, t.json_schema()) for t in self.tools.values()]
+        """The tools as the model sees them: built once per set of tools, not per model call
+        (a schema takes pydantic a while to generate). Treat the specs as read-only."""
+        key = tuple(map(id, self.tools.values()))
+        if self._specs is None or self._specs[0] != key:
+            self._specs = (key, [ToolSpec(t.name, t.description, t.json_schema()) for t in self.tools.values()])
+        return list(self._specs[1])

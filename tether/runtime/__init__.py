@@ -30,6 +30,7 @@ from ._cancel import as_cancel_mode, cancelled_event
 from ._config import RunConfig
 from ._follow import FellBehind, follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
+from ._groupcommit import GroupCommit
 from ._history import HistoryPolicy
 from ._pgbus import PostgresBus
 from ._runner import RunExecutor
@@ -63,6 +64,8 @@ class Runtime:
         #: ``destructive``: every destructive call needs an approver other than the run's requester.
         self.four_eyes: FourEyesPolicy = four_eyes
         self.bus = bus or LocalBus()
+        #: Commits the events of every run of this process, many runs per transaction.
+        self.writer = GroupCommit(store)
         self.sweep_interval_s = sweep_interval_s
         #: The most steering messages a run holds for its next model call.
         self.max_queued_messages = max_queued_messages
@@ -114,6 +117,7 @@ class Runtime:
         then start the expiry sweeper and the lease keeper."""
         if hasattr(self.bus, "on_control"):
             self.bus.on_control = self._on_control
+        self.writer.start()
         if self.agent.on_startup is not None:
             await self.agent.on_startup(self.store)
         await self._recover()
@@ -130,6 +134,7 @@ class Runtime:
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+            await self.writer.aclose()  # after the runs: their logs commit through it
         finally:
             if self._owns_store:
                 try:
@@ -183,11 +188,12 @@ class Runtime:
             requested_by=requester,
         )
         self.bus.publish(run.id, [started])
-        self.launch(run)
+        self.launch(run, next_seq=started.seq + 1)
         return run
 
-    def launch(self, run: RunRecord, *, resume: InterruptRecord | None = None, takeover: bool = False) -> None:
-        """Execute a run (queued, or resumed after ``resume``) in a task owned by the runtime."""
+    def launch(self, run: RunRecord, *, resume: InterruptRecord | None = None, takeover: bool = False, next_seq: int | None = None) -> None:
+        """Execute a run (queued, or resumed after ``resume``) in a task owned by the runtime;
+        ``next_seq``, when the caller knows it (a run just created), saves reading it."""
         existing = self._executors.get(run.id)
         if self._closing or (existing is not None and not existing.parked):
             return
@@ -201,6 +207,8 @@ class Runtime:
             four_eyes=self.four_eyes,
             max_queued_messages=self.max_queued_messages,
             on_usage=self.tokens.add,
+            writer=self.writer,
+            next_seq=next_seq,
         )
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
         self._run_tasks[run.id] = self._spawn(self._drive(executor), f"run-{run.id}")
@@ -225,11 +233,20 @@ class Runtime:
         Idempotent while cancelling; a ``hard`` request upgrades an earlier ``soft`` one.
         Raises :class:`~tether.errors.RunNotActive` once the run is terminal.
         """
-        record = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor)
+        signalled = self._executors.get(run_id)
+        if signalled is not None and not signalled.parked:
+            # One hop: the model stops generating now; the executor ends the run only once the
+            # request below is durable (it waits for ``cancel_recorded``).
+            signalled.request_cancel(as_cancel_mode(mode), recorded=False)
+        try:
+            record = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor)
+        finally:
+            if signalled is not None:
+                signalled.cancel_recorded()
         await self.store.add_audit([AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})])
-        executor = self._executors.get(run_id)
+        executor = self._executors.get(run_id)  # again: it may have parked meanwhile
         if executor is not None and not executor.parked:
-            executor.request_cancel(as_cancel_mode(record.cancel_mode or mode))
+            executor.request_cancel(as_cancel_mode(record.cancel_mode or mode))  # an earlier hard request stays hard
         elif self._executed_elsewhere(record):
             # Another live process executes it: tell that one (it also re-checks the store).
             await self.store.send_control({"kind": "cancel", "run_id": run_id, "mode": record.cancel_mode or mode})

@@ -5,7 +5,9 @@ contiguous from the run's next seq. A single flusher task commits whatever has a
 one transaction and only then publishes the batch to live followers. The first event after an
 idle period is committed at once (nothing to wait for); events that arrive while a commit is in
 flight ride along with the next one. So a token stream costs one transaction per commit
-latency, not one per token, and no one ever sees an event the store does not have.
+latency, not one per token, and no one ever sees an event the store does not have. The commit
+itself goes through the runtime's :class:`~._groupcommit.GroupCommit`, which puts the batches
+of every run of the process into one transaction.
 
 Under a burst (events arrived during the last commit) a small batch waits up to
 ``_BURST_LINGER_S`` for more before committing, as PostgreSQL's ``commit_delay`` does: a
@@ -25,6 +27,7 @@ from ..store import Store
 
 if TYPE_CHECKING:
     from ._bus import LocalBus
+    from ._groupcommit import GroupCommit
 
 __all__ = ["EventLog"]
 
@@ -36,8 +39,10 @@ _BURST_BATCH = 256
 class EventLog:
     """Appends one run's events to the store in batches, then publishes them."""
 
-    def __init__(self, store: Store, bus: LocalBus, run_id: str, *, next_seq: int) -> None:
+    def __init__(self, store: Store, bus: LocalBus, run_id: str, *, next_seq: int, writer: GroupCommit | None = None) -> None:
         self._store = store
+        #: Commits for many runs at once; without one, each batch is its own transaction.
+        self._writer = writer
         self._bus = bus
         self.run_id = run_id
         self._next_seq = next_seq
@@ -121,7 +126,10 @@ class EventLog:
             self._has_pending.clear()
             batch, self._pending = self._pending, []
             try:
-                await self._store.append_events(self.run_id, batch)
+                if self._writer is not None:
+                    await self._writer.append(self.run_id, batch)
+                else:
+                    await self._store.append_events(self.run_id, batch)
             except Exception as exc:  # a store failure: surface it to the executor
                 self._failure = exc
                 self._idle.set()

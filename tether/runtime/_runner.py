@@ -28,9 +28,9 @@ outside cancellation propagates untouched and leaves the run for recovery.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
-from contextlib import aclosing
 from datetime import timedelta
 from typing import Any
 
@@ -38,27 +38,28 @@ import anyio
 
 from .._ids import new_id, utcnow
 from ..agent import Agent
-from ..errors import EventLogFailed, LimitExceeded, ModelError, RunNotActive
+from ..errors import EventLogFailed, LimitExceeded, RunNotActive
 from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, UserMessage, format_ts
-from ..models import ChatMessage, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, Usage
-from ..models._retry import stream_with_retries
+from ..models import ChatMessage, ModelRequest, Usage
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
 from ..tools import Tool, ToolContext
 from ._cancel import CancelMode, as_cancel_mode, cancelled_event
 from ._config import RunConfig
 from ._eventlog import EventLog
 from ._gate import FourEyesPolicy, action_request, needs_four_eyes, review_config
+from ._groupcommit import GroupCommit
 from ._history import HistoryPolicy, to_chat_messages
+from ._modelcall import ModelCalls
 from ._recovery import WAITING, CheckpointRecovery
-from ._storable import describe_exception, storable_request, storable_text
-from ._turn import CallItem, ModelTurn, ParkedTurn, announce_calls, json_safe, masked_args, turn_messages
+from ._storable import describe_exception
+from ._turn import CallItem, ParkedTurn, json_safe, turn_messages
 
 __all__ = ["RunExecutor"]
 
 logger = logging.getLogger("tether.runtime")
 
 
-class RunExecutor(CheckpointRecovery):
+class RunExecutor(ModelCalls, CheckpointRecovery):
     """Executes one run from its current state to a terminal event or a human pause."""
 
     def __init__(
@@ -73,6 +74,8 @@ class RunExecutor(CheckpointRecovery):
         four_eyes: FourEyesPolicy = "off",
         max_queued_messages: int = 100,
         on_usage: Callable[[Usage], None] | None = None,
+        writer: GroupCommit | None = None,
+        next_seq: int | None = None,
     ) -> None:
         self.store = store
         #: The server's four-eyes policy: which parked calls need an approver other than the requester.
@@ -106,6 +109,11 @@ class RunExecutor(CheckpointRecovery):
         #: Tokens consumed by the run so far (earlier segments included), for ``done``.
         self.usage = Usage(int((run.usage or {}).get("input_tokens", 0)), int((run.usage or {}).get("output_tokens", 0)))
         self._on_usage = on_usage
+        self._writer = writer
+        self._next_seq = next_seq
+        #: Clear while a cancel request signalled here is being written by the runtime.
+        self._cancel_durable = asyncio.Event()
+        self._cancel_durable.set()
 
     @property
     def events(self) -> EventLog:
@@ -115,14 +123,24 @@ class RunExecutor(CheckpointRecovery):
 
     # -- control ---------------------------------------------------------------------------
 
-    def request_cancel(self, mode: CancelMode) -> None:
-        """Stop the model stream now; with ``hard`` also cancel executing tools. Idempotent."""
+    def request_cancel(self, mode: CancelMode, *, recorded: bool = True) -> None:
+        """Stop the model stream now; with ``hard`` also cancel executing tools. Idempotent.
+
+        ``recorded=False``: the request is not durable yet (the runtime is writing it); the run
+        ends only after :meth:`cancel_recorded`.
+        """
+        if not recorded and not self.cancel_mode:
+            self._cancel_durable.clear()
         if self.cancel_mode != "hard":
             self.cancel_mode = mode
         if self._model_scope is not None:
             self._model_scope.cancel()
         if mode == "hard" and self._tools_scope is not None:
             self._tools_scope.cancel()
+
+    def cancel_recorded(self) -> None:
+        """The runtime's attempt to record the cancel request is over (written, or failed)."""
+        self._cancel_durable.set()
 
     def steer(self, content: str) -> str:
         """Queue a steering message: announced now, in the history before the next model call."""
@@ -156,7 +174,8 @@ class RunExecutor(CheckpointRecovery):
 
     async def execute(self) -> None:
         """Run to a terminal state or a pause. Outside cancellation propagates, leaving the run as is."""
-        events = EventLog(self.store, self._bus, self.run.id, next_seq=await self.store.last_seq(self.run.id) + 1)
+        next_seq = self._next_seq if self._next_seq is not None else await self.store.last_seq(self.run.id) + 1
+        events = EventLog(self.store, self._bus, self.run.id, next_seq=next_seq, writer=self._writer)
         events.start()
         for message_id, content in self._steering:  # steering messages that came before the log
             events.emit(UserMessage(message_id=message_id, content=content))
@@ -232,84 +251,6 @@ class RunExecutor(CheckpointRecovery):
             if self.cancel_mode:
                 return self._cancelled_event()
         return RunError(code="max_steps_exceeded", message=f"the run made {max_steps} model calls without finishing")
-
-    async def _model_turn(self, request: ModelRequest) -> ModelTurn:
-        """One model call: stream deltas as events, announce the calls, store the assistant message.
-
-        The message's final state is stored only once every event announcing it (its tokens and
-        its ``tool_call`` events) is durable, so a crash can never leave a stored turn ahead of
-        what clients were shown (see :meth:`_store_turn`).
-        """
-        message = MessageRecord(new_id("msg"), self.run.thread_id, self._leaf_id, self.run.id, "assistant", "", status="partial")
-        await self.store.add_message(message)
-        self._leaf_id = message.id
-        self._partial_message_id = message.id
-        self.events.emit(Status(stage="model", detail=None))
-        parts: list[str] = []
-        requests: list[ToolCallRequest] = []
-        failure: Event | None = None
-        with anyio.CancelScope() as scope:
-            self._model_scope = scope
-            if self.cancel_mode:
-                scope.cancel()
-            try:
-                async with aclosing(stream_with_retries(self.agent.model, request, self.agent.retry, on_retry=self._announce_retry)) as stream:
-                    async for delta in stream:
-                        # Model output is made storable here, before anything sees it.
-                        if isinstance(delta, TextDelta):
-                            if delta.text:
-                                text = storable_text(delta.text)
-                                parts.append(text)
-                                self.events.emit_delta("token", message.id, text)
-                        elif isinstance(delta, ThinkingDelta):
-                            if delta.text:
-                                self.events.emit_delta("thinking", message.id, storable_text(delta.text))
-                        elif isinstance(delta, ToolCallRequest):
-                            requests.append(storable_request(delta))
-            except ModelError as exc:
-                partial = message.id if parts else None
-                failure = RunError(code=exc.code, message=storable_text(exc.message), retryable=exc.retryable, partial_message_id=partial)
-            except Exception as exc:
-                logger.warning("model call of run %s failed: %r", self.run.id, exc)
-                failure = RunError(code="model_error", message=describe_exception(exc), retryable=True, partial_message_id=message.id if parts else None)
-            finally:
-                self._model_scope = None
-        await self._record_usage(message.id, request.usage)
-        text = "".join(parts)
-        if scope.cancel_called and failure is None:
-            await self._store_turn(message.id, content=text, status="cancelled")
-            return ModelTurn(message.id, text, [], [])
-        if failure is not None:
-            await self._store_turn(message.id, content=text, status="failed")
-            return ModelTurn(message.id, text, [], [], failure)
-        calls, announcements = announce_calls(self.agent.tools, self.config.approval_threshold, message.id, requests)
-        for announcement in announcements:
-            self.events.emit(announcement)
-        stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
-        await self._store_turn(message.id, content=text, status="complete", tool_calls=stored_calls or None)
-        self._partial_message_id = None
-        return ModelTurn(message.id, text, requests, calls)
-
-    def _announce_retry(self, attempt: int, delay: float, error: ModelError) -> None:
-        detail = f"retrying in {delay:.1f} s after {error.code} (attempt {attempt + 1} of {self.agent.retry.attempts})"
-        logger.info("run %s: model call failed (%s), %s", self.run.id, error.message, detail)
-        self.events.emit(Status(stage="model", detail=detail))
-
-    async def _record_usage(self, message_id: str, usage: Usage) -> None:
-        """Store one model call's tokens on the run (also a cancelled or failed call's)."""
-        self.usage.add(usage)
-        if self._on_usage is not None:
-            self._on_usage(usage)
-        await self.store.add_usage(self.run.id, message_id=message_id, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
-
-    async def _store_turn(self, message_id: str, **values: Any) -> None:
-        """Store a model turn's final state once the events announcing it are durable.
-
-        A crash between the two writes leaves a ``partial`` message whose announced part
-        recovery reads back from the log, never a stored turn that clients were not shown.
-        """
-        await self.events.wait_for_idle()
-        await self.store.update_message(message_id, **values)
 
     # -- tools -------------------------------------------------------------------------------
 
@@ -479,7 +420,11 @@ class RunExecutor(CheckpointRecovery):
             if self._partial_message_id is None and isinstance(outcome, Done) and outcome.message_id:
                 self._partial_message_id = outcome.message_id
                 await self.store.update_message(outcome.message_id, status="cancelled")
+        await self._cancel_durable.wait()  # a cancel signalled before it was written: its record first
         current = await self.store.get_run(self.run.id)
+        if current.status == "running" and self.cancel_mode:
+            # The runtime could not record the cancel it signalled (a store fault): record it here.
+            current = await self.store.request_cancel(self.run.id, mode=self.cancel_mode, reason=None, actor="system")
         if current.status != "cancelling":
             logger.warning("run %s: cannot finish, status is %s", self.run.id, current.status)
             return

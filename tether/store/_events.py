@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..events import StoredEvent
@@ -27,14 +28,23 @@ class EventStore(StoreBase):
     """Event log operations of :class:`~tether.store.Store`."""
 
     async def append_events(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
-        """Append a batch of events in one transaction (the group commit)."""
-        if not batch:
+        """Append a batch of one run's events in one transaction."""
+        await self.append_event_batches([(run_id, batch)])
+
+    async def append_event_batches(self, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
+        """Append batches of several runs' events in one transaction (the group commit across
+        runs): all of them are durable, or none."""
+        batches = [(run_id, batch) for run_id, batch in batches if batch]
+        if not batches:
             return
         async with self._writing() as conn:
             if self.is_sqlite:
-                await _insert_events_sqlite(conn, run_id, batch)
+                await _insert_events_sqlite(conn, batches)
                 return
-            await self._write_events(conn, run_id, batch)
+            await conn.execute(
+                events.insert(), [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for run_id, batch in batches for e in batch]
+            )
+            await _notify_many(conn, [channels.events_payload(self.instance_id, run_id, batch[-1].seq) for run_id, batch in batches])
 
     async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with ``seq > after_seq``, in order."""
@@ -82,13 +92,24 @@ async def _notify(conn: AsyncConnection, channel: str, payload: str) -> None:
     await conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
 
 
+async def _notify_many(conn: AsyncConnection, payloads: Sequence[str]) -> None:
+    """One ``tether_events`` notification per payload, sent in one statement."""
+    if len(payloads) == 1:
+        await _notify(conn, channels.EVENTS_CHANNEL, payloads[0])
+        return
+    await conn.execute(_NOTIFY_MANY, {"channel": channels.EVENTS_CHANNEL, "payloads": list(payloads)})
+
+
+_NOTIFY_MANY = sa.text("SELECT pg_notify(:channel, p) FROM unnest(:payloads) AS p").bindparams(sa.bindparam("payloads", type_=ARRAY(sa.Text)))
+
+
 # Bound parameters one SQLite statement may take (SQLITE_MAX_VARIABLE_NUMBER: 999 before 3.32).
 _SQLITE_MAX_VARIABLES = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
 _EVENT_COLUMNS = ("run_id", "seq", "type", "envelope")
 _SQLITE_EVENT_ROWS_PER_INSERT = min(_SQLITE_MAX_VARIABLES // len(_EVENT_COLUMNS), 2000)
 
 
-async def _insert_events_sqlite(conn: AsyncConnection, run_id: str, batch: Sequence[StoredEvent]) -> None:
+async def _insert_events_sqlite(conn: AsyncConnection, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
     """Insert a batch with one multi-row ``INSERT`` per chunk, not an ``executemany``.
 
     aiosqlite runs SQLite in its own thread, and ``executemany`` binds and steps row by row,
@@ -97,11 +118,12 @@ async def _insert_events_sqlite(conn: AsyncConnection, run_id: str, batch: Seque
     thread: a 4,000-row commit took 120-400 ms instead of 15. One statement per chunk binds
     once and steps once, and skips SQLAlchemy's per-row parameter processing too.
     """
-    rows = _SQLITE_EVENT_ROWS_PER_INSERT
+    per_insert = _SQLITE_EVENT_ROWS_PER_INSERT
     head = f"INSERT INTO {events.name} ({', '.join(_EVENT_COLUMNS)}) VALUES "
-    for start in range(0, len(batch), rows):
-        chunk = batch[start : start + rows]
+    rows = [(run_id, e) for run_id, batch in batches for e in batch]
+    for start in range(0, len(rows), per_insert):
+        chunk = rows[start : start + per_insert]
         params: list[Any] = []
-        for e in chunk:
+        for run_id, e in chunk:
             params += (run_id, e.seq, e.type, e.envelope)
         await conn.exec_driver_sql(head + ",".join(["(?,?,?,?)"] * len(chunk)), tuple(params))

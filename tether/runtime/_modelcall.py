@@ -1,0 +1,133 @@
+"""One model call of a run: stream its deltas as events, then store the turn behind them.
+
+The model half of :class:`~tether.runtime._runner.RunExecutor` (mixed into it). Model output is
+made storable here (:mod:`._storable`), before anything sees it; provider faults are retried
+before the first delta only (:mod:`tether.models._retry`); the tokens each call consumed are
+recorded on the run, a cancelled or failed call's too. The turn's message is stored as
+``complete`` only once the events announcing it are durable (the event log is the truth).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .._ids import new_id
+from ..agent import Agent
+from ..errors import ModelError
+from ..events import Event, RunError, Status
+from ..models import ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, Usage
+from ..models._retry import stream_with_retries
+from ..store import MessageRecord, RunRecord, Store
+from ._config import RunConfig
+from ._storable import describe_exception, storable_request, storable_text
+from ._turn import ModelTurn, announce_calls, json_safe, masked_args
+
+if TYPE_CHECKING:
+    from ._eventlog import EventLog
+
+__all__ = ["ModelCalls"]
+
+logger = logging.getLogger("tether.runtime")
+
+
+class ModelCalls:
+    """Model turns of :class:`~tether.runtime._runner.RunExecutor` (mixed into it)."""
+
+    store: Store
+    agent: Agent
+    run: RunRecord
+    config: RunConfig
+    cancel_mode: str | None
+    usage: Usage
+    _leaf_id: str | None
+    _partial_message_id: str | None
+    _model_scope: anyio.CancelScope | None
+    _on_usage: Callable[[Usage], None] | None
+
+    if TYPE_CHECKING:
+
+        @property
+        def events(self) -> EventLog: ...
+
+    async def _model_turn(self, request: ModelRequest) -> ModelTurn:
+        """One model call: stream deltas as events, announce the calls, store the assistant message.
+
+        The message's final state is stored only once every event announcing it (its tokens and
+        its ``tool_call`` events) is durable, so a crash can never leave a stored turn ahead of
+        what clients were shown (see :meth:`_store_turn`).
+        """
+        message = MessageRecord(new_id("msg"), self.run.thread_id, self._leaf_id, self.run.id, "assistant", "", status="partial")
+        await self.store.add_message(message)
+        self._leaf_id = message.id
+        self._partial_message_id = message.id
+        self.events.emit(Status(stage="model", detail=None))
+        parts: list[str] = []
+        requests: list[ToolCallRequest] = []
+        failure: Event | None = None
+        with anyio.CancelScope() as scope:
+            self._model_scope = scope
+            if self.cancel_mode:
+                scope.cancel()
+            try:
+                async with aclosing(stream_with_retries(self.agent.model, request, self.agent.retry, on_retry=self._announce_retry)) as stream:
+                    async for delta in stream:
+                        # Model output is made storable here, before anything sees it.
+                        if isinstance(delta, TextDelta):
+                            if delta.text:
+                                text = storable_text(delta.text)
+                                parts.append(text)
+                                self.events.emit_delta("token", message.id, text)
+                        elif isinstance(delta, ThinkingDelta):
+                            if delta.text:
+                                self.events.emit_delta("thinking", message.id, storable_text(delta.text))
+                        elif isinstance(delta, ToolCallRequest):
+                            requests.append(storable_request(delta))
+            except ModelError as exc:
+                partial = message.id if parts else None
+                failure = RunError(code=exc.code, message=storable_text(exc.message), retryable=exc.retryable, partial_message_id=partial)
+            except Exception as exc:
+                logger.warning("model call of run %s failed: %r", self.run.id, exc)
+                failure = RunError(code="model_error", message=describe_exception(exc), retryable=True, partial_message_id=message.id if parts else None)
+            finally:
+                self._model_scope = None
+        await self._record_usage(message.id, request.usage)
+        text = "".join(parts)
+        if scope.cancel_called and failure is None:
+            await self._store_turn(message.id, content=text, status="cancelled")
+            return ModelTurn(message.id, text, [], [])
+        if failure is not None:
+            await self._store_turn(message.id, content=text, status="failed")
+            return ModelTurn(message.id, text, [], [], failure)
+        calls, announcements = announce_calls(self.agent.tools, self.config.approval_threshold, message.id, requests)
+        for announcement in announcements:
+            self.events.emit(announcement)
+        stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
+        await self._store_turn(message.id, content=text, status="complete", tool_calls=stored_calls or None)
+        self._partial_message_id = None
+        return ModelTurn(message.id, text, requests, calls)
+
+    def _announce_retry(self, attempt: int, delay: float, error: ModelError) -> None:
+        detail = f"retrying in {delay:.1f} s after {error.code} (attempt {attempt + 1} of {self.agent.retry.attempts})"
+        logger.info("run %s: model call failed (%s), %s", self.run.id, error.message, detail)
+        self.events.emit(Status(stage="model", detail=detail))
+
+    async def _record_usage(self, message_id: str, usage: Usage) -> None:
+        """Store one model call's tokens on the run (also a cancelled or failed call's)."""
+        self.usage.add(usage)
+        if self._on_usage is not None:
+            self._on_usage(usage)
+        await self.store.add_usage(self.run.id, message_id=message_id, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
+
+    async def _store_turn(self, message_id: str, **values: Any) -> None:
+        """Store a model turn's final state once the events announcing it are durable.
+
+        A crash between the two writes leaves a ``partial`` message whose announced part
+        recovery reads back from the log, never a stored turn that clients were not shown.
+        """
+        await self.events.wait_for_idle()
+        await self.store.update_message(message_id, **values)
