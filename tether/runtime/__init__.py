@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._ids import utcnow
@@ -483,6 +483,13 @@ async def _open_bus(store: Store, max_pending_bytes: int) -> LocalBus:
     if store.is_sqlite:
         return LocalBus(max_pending_bytes=max_pending_bytes)
     dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    bus = PostgresBus(dsn, store.instance_id, max_pending_bytes=max_pending_bytes)
+    bus = PostgresBus(dsn, store.instance_id, read_events=_event_reader(store), max_pending_bytes=max_pending_bytes)
     await bus.start()
     return bus
+
+
+def _event_reader(store: Store) -> Callable[[str, int, int], Awaitable[list[StoredEvent]]]:
+    async def read(run_id: str, after_seq: int, limit: int) -> list[StoredEvent]:
+        return await store.read_events(run_id, after_seq=after_seq, limit=limit)
+
+    return read

@@ -5,9 +5,12 @@ followers may be connected to any other. Every transaction that appends events a
 ``NOTIFY tether_events, '<origin> <run_id> <seq>'`` (the channels and payloads are defined once,
 in ``store/_notify.py``); PostgreSQL delivers it on commit, so a notification never announces an
 event that is not durable. Each process listens on one dedicated connection and, for runs it
-has followers of, marks their subscriptions *stale*: they catch up from the store (the same
-gapless path as any reconnect). Its own notifications it ignores: local followers already got
-those events directly.
+has followers of, reads the new events from the store *once per run* (notifications that
+arrive during that read are folded into the next one) and publishes them to every local
+follower, as if they had been committed here. The first notification for a run only marks its
+followers *stale*: each catches up from the store itself (the same gapless path as any
+reconnect), and from then on the bus knows where the run's log stands. Its own notifications
+it ignores: local followers already got those events directly.
 
 ``tether_control`` carries small JSON commands to the process executing a run (a cancel sent to
 another process). Notifications are not stored: a listener that reconnects marks every
@@ -19,15 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 
+from ..events import StoredEvent
 from ..store._notify import CONTROL_CHANNEL, EVENTS_CHANNEL, parse_control_payload, parse_events_payload
 from ._bus import LocalBus
 
 __all__ = ["PostgresBus"]
+
+#: Reads a run's events after a seq, up to a limit: ``Store.read_events``.
+EventReader = Callable[[str, int, int], Awaitable[list[StoredEvent]]]
+
+#: Events read per query when fetching what another process committed.
+_FETCH_PAGE = 1000
 
 log = logging.getLogger("tether.runtime")
 
@@ -35,10 +45,17 @@ log = logging.getLogger("tether.runtime")
 class PostgresBus(LocalBus):
     """A :class:`LocalBus` that also hears what other processes commit and command."""
 
-    def __init__(self, dsn: str, origin: str, *, max_pending_bytes: int = 1024 * 1024) -> None:
+    def __init__(self, dsn: str, origin: str, *, read_events: EventReader | None = None, max_pending_bytes: int = 1024 * 1024) -> None:
         super().__init__(max_pending_bytes=max_pending_bytes)
         self._dsn = dsn
         self.origin = origin
+        #: Without a reader, followers of remote runs are only marked stale (each reads itself).
+        self._read_events = read_events
+        #: Per remote run with local followers: the seq up to which its events were published
+        #: here, and the highest seq announced.
+        self._published_to: dict[str, int] = {}
+        self._announced: dict[str, int] = {}
+        self._fetchers: dict[str, asyncio.Task[None]] = {}
         #: Called with each control message from another process.
         self.on_control: Callable[[dict[str, Any]], None] | None = None
         self._conn: asyncpg.Connection | None = None
@@ -69,16 +86,54 @@ class PostgresBus(LocalBus):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            # Notifications sent while we were away are gone: every follower catches up.
+            # Notifications sent while we were away are gone: every follower catches up, and
+            # where each run's log stands here is unknown again.
+            self._published_to.clear()
             for followers in list(self._subscribers.values()):
                 for subscription in followers:
                     subscription.mark_stale()
 
     def _on_events(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         notice = parse_events_payload(payload)
-        if notice.origin == self.origin:
+        if notice.origin == self.origin or notice.run_id not in self._subscribers:
             return
-        for subscription in list(self._subscribers.get(notice.run_id, ())):
+        run_id = notice.run_id
+        try:
+            seq = int(notice.seq)
+        except ValueError:
+            seq = -1
+        if self._read_events is None or seq < 0 or run_id not in self._published_to:
+            # Where its log stands here is unknown: every follower catches up itself, once.
+            self._mark_all_stale(run_id)
+            if seq >= 0:
+                self._published_to[run_id] = seq
+            return
+        self._announced[run_id] = max(seq, self._announced.get(run_id, 0))
+        if run_id not in self._fetchers:
+            self._fetchers[run_id] = asyncio.create_task(self._fetch(run_id), name=f"pgbus-fetch-{run_id}")
+
+    async def _fetch(self, run_id: str) -> None:
+        """Read what was announced for ``run_id`` once and publish it to the local followers."""
+        assert self._read_events is not None
+        try:
+            while run_id in self._subscribers and self._announced.get(run_id, 0) > self._published_to.get(run_id, 0):
+                after = self._published_to[run_id]
+                page = await self._read_events(run_id, after, _FETCH_PAGE)
+                if not page:
+                    break
+                self._published_to[run_id] = page[-1].seq
+                self.publish(run_id, page)
+        except Exception as exc:
+            log.warning("reading run %s's events for its followers failed; they catch up themselves: %r", run_id, exc)
+            self._mark_all_stale(run_id)
+        finally:
+            del self._fetchers[run_id]
+            if run_id not in self._subscribers:  # its last follower left
+                self._published_to.pop(run_id, None)
+                self._announced.pop(run_id, None)
+
+    def _mark_all_stale(self, run_id: str) -> None:
+        for subscription in list(self._subscribers.get(run_id, ())):
             subscription.mark_stale()
 
     def _on_control(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
@@ -88,6 +143,10 @@ class PostgresBus(LocalBus):
 
     async def aclose(self) -> None:
         """Stop listening."""
+        fetchers = list(self._fetchers.values())
+        for fetcher in fetchers:
+            fetcher.cancel()
+        await asyncio.gather(*fetchers, return_exceptions=True)
         if self._supervisor is not None:
             self._supervisor.cancel()
             try:
