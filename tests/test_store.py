@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta, timezone
@@ -935,3 +936,16 @@ async def test_a_run_taken_over_by_another_store_can_no_longer_be_ended_or_parke
         assert (await store.get_run(run.id)).status == "running" and await store.last_seq(run.id) == 1
         # The new owner can.
         assert await other.finish_run(run.id, status="completed", final_event=final, from_statuses=("running",), as_executor=True)
+
+
+def test_the_head_revision_is_the_newest_migration_and_a_store_at_head_does_not_load_alembic(tmp_path: Path) -> None:
+    from tether.store._engine import HEAD_REVISION
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(tables.__file__).parent / "migrations"))
+    assert ScriptDirectory.from_config(config).get_current_head() == HEAD_REVISION
+    url = f"sqlite:///{tmp_path / 'at-head.db'}"
+    opened = "import asyncio, sys; from tether.store import Store\nasync def main():\n    await (await Store.open({url!r})).aclose()\nasyncio.run(main()); print('alembic' in sys.modules)"
+    first = subprocess.run([sys.executable, "-c", opened.format(url=url)], capture_output=True, text=True, timeout=60, check=True)
+    again = subprocess.run([sys.executable, "-c", opened.format(url=url)], capture_output=True, text=True, timeout=60, check=True)
+    assert (first.stdout.strip(), again.stdout.strip()) == ("True", "False")  # migrated once, then only checked

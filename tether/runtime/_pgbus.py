@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-import asyncpg
+from typing import TYPE_CHECKING, Any
 
 from ..events import StoredEvent
 from ..store._notify import CONTROL_CHANNEL, EVENTS_CHANNEL, parse_control_payload, parse_events_payload
 from ._bus import LocalBus
+
+if TYPE_CHECKING:
+    import asyncpg
 
 __all__ = ["PostgresBus"]
 
@@ -67,12 +68,16 @@ class PostgresBus(LocalBus):
         self._supervisor = asyncio.create_task(self._supervise(), name="pgbus-supervisor")
 
     async def _connect(self) -> None:
+        import asyncpg  # here, not at the top: a SQLite server never loads the PostgreSQL driver
+
         conn = await asyncpg.connect(self._dsn)
         await conn.add_listener(EVENTS_CHANNEL, self._on_events)
         await conn.add_listener(CONTROL_CHANNEL, self._on_control)
         self._conn = conn
 
     async def _supervise(self) -> None:
+        import asyncpg
+
         backoff = 0.1
         while True:
             await asyncio.sleep(0.5)

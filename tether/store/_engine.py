@@ -73,7 +73,9 @@ class StoreBase:
         return store
 
     async def migrate(self) -> None:
-        """Apply pending Alembic migrations."""
+        """Apply pending Alembic migrations (Alembic is only imported when there are some)."""
+        if await self._schema_revision() == HEAD_REVISION:
+            return
         from alembic import command
         from alembic.config import Config
 
@@ -89,6 +91,14 @@ class StoreBase:
         # find the schema at head. Alembic's ``context`` is process-global, so two upgrades
         # interleaving on one event loop (or in two threads) also clobber each other.
         await self._under_schema_lock(upgrade)
+
+    async def _schema_revision(self) -> str | None:
+        """The revision Alembic recorded in the database; None before the first migration."""
+        async with self._reading() as conn:
+            try:
+                return (await conn.exec_driver_sql("SELECT version_num FROM alembic_version")).scalar()
+            except sa.exc.DBAPIError:
+                return None  # no such table yet
 
     async def create_tables(self, metadata: sa.MetaData) -> None:
         """Create an agent's own tables if missing (safe when several processes start at once)."""
@@ -141,6 +151,15 @@ class StoreBase:
 #: PostgreSQL advisory lock key held while migrating (any constant; "tether" in ASCII).
 _MIGRATION_LOCK_KEY = 0x746574686572
 _MIGRATION_LOCK = threading.Lock()
+
+
+def _head_revision() -> str:
+    """The newest migration: revisions are numbered like their files (``0008_usage.py`` is ``0008``)."""
+    return max(path.name.split("_", 1)[0] for path in (Path(__file__).parent / "migrations" / "versions").glob("[0-9]*_*.py"))
+
+
+#: The revision a database at the newest schema records.
+HEAD_REVISION = _head_revision()
 
 
 @contextlib.asynccontextmanager

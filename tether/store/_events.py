@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..events import StoredEvent
@@ -100,7 +99,7 @@ async def _notify_many(conn: AsyncConnection, payloads: Sequence[str]) -> None:
     await conn.execute(_NOTIFY_MANY, {"channel": channels.EVENTS_CHANNEL, "payloads": list(payloads)})
 
 
-_NOTIFY_MANY = sa.text("SELECT pg_notify(:channel, p) FROM unnest(:payloads) AS p").bindparams(sa.bindparam("payloads", type_=ARRAY(sa.Text)))
+_NOTIFY_MANY = sa.text("SELECT pg_notify(:channel, p) FROM unnest(:payloads) AS p").bindparams(sa.bindparam("payloads", type_=sa.ARRAY(sa.Text)))
 
 
 # Bound parameters one SQLite statement may take (SQLITE_MAX_VARIABLE_NUMBER: 999 before 3.32).
