@@ -29,6 +29,7 @@ from alembic.script import ScriptDirectory
 from tether._ids import new_id, utcnow
 from tether.errors import InterruptExpired, InterruptResolved, InvalidRequest, NotFound, RunNotActive, ThreadBusy
 from tether.events import Cancelled, Done, Envelope, Event, Interrupt, Resumed, RunError, Status, Token, format_ts, now_ts
+from tether.runtime._groupcommit import GroupCommit
 from tether.store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord
 from tether.store import _tables as tables
 
@@ -485,6 +486,38 @@ async def test_cancelling_a_terminal_run_raises_run_not_active_and_changes_nothi
 
 
 # -- events ------------------------------------------------------------------------------------
+
+
+async def test_group_commit_puts_many_runs_in_one_transaction_and_a_bad_batch_fails_only_its_run(store: Store) -> None:
+    writer = GroupCommit(store)
+    writer.start()
+    try:
+        runs = [(await start_run(store, await store.create_thread(owner="alice")))[0] for _ in range(30)]
+
+        async def stream(run_id: str) -> None:
+            for seq in range(2, 42):
+                await writer.append(run_id, [stored(run_id, seq, Token(message_id="m", text=f"{run_id} {seq}"))])
+
+        async with anyio.create_task_group() as group:
+            for run in runs:
+                group.start_soon(stream, run.id)
+        for run in runs:
+            assert [e.seq for e in await store.read_events(run.id)] == list(range(1, 42))
+        assert writer.batches == 30 * 40
+        assert writer.transactions < writer.batches / 5  # the runs shared transactions
+
+        # One transaction with a batch whose seq is taken: only that run's append fails.
+        bad, good = runs[0].id, runs[1].id
+        results = await asyncio.gather(
+            writer.append(bad, [stored(bad, 41, Token(message_id="m", text="again"))]),
+            writer.append(good, [stored(good, 42, Token(message_id="m", text="fine"))]),
+            return_exceptions=True,
+        )
+        assert isinstance(results[0], sa.exc.IntegrityError) and results[1] is None
+        assert (await store.read_events(good, after_seq=41))[0].seq == 42
+        assert [e.seq for e in await store.read_events(bad)] == list(range(1, 42))
+    finally:
+        await writer.aclose()
 
 
 async def test_events_append_in_batches_and_read_back_in_order_with_paging(store: Store) -> None:
