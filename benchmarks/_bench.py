@@ -369,7 +369,7 @@ class StreamClient(asyncio.Protocol):
 
     Times are ``time.perf_counter()``. ``sent_at``: the request was written (right after the
     connection was made); ``first_token_at``: the first ``token`` event arrived; ``ended_at``:
-    the terminal event arrived; ``arrivals``: ``(time, events so far, tokens so far)`` after each
+    the terminal event arrived; ``closed_at``: the connection closed (or was aborted); ``arrivals``: ``(time, events so far, tokens so far)`` after each
     read that brought events.
     """
 
@@ -379,6 +379,7 @@ class StreamClient(asyncio.Protocol):
         self.sent_at = 0.0
         self.first_token_at = 0.0
         self.ended_at = 0.0
+        self.closed_at = 0.0
         self.events = 0
         self.tokens = 0
         self.arrivals: list[tuple[float, int, int]] = []
@@ -417,6 +418,7 @@ class StreamClient(asyncio.Protocol):
             self._check_waiters(now)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed_at = time.perf_counter()
         if not self.ended_at and self.error is None:
             self.error = f"connection closed before a terminal event ({exc or 'EOF'})"
         if not self.closed.done():
@@ -453,7 +455,7 @@ class StreamClient(asyncio.Protocol):
         try:
             await asyncio.wait_for(asyncio.shield(self.closed), within)
         except TimeoutError:
-            self.error = self.error or f"no end within {within:.0f} s"
+            self.error = self.error or "cut off: no terminal event by the deadline"
             self.abort()
 
     def abort(self) -> None:
@@ -505,6 +507,7 @@ async def open_stream(port: int, request: bytes) -> StreamClient:
         await loop.create_connection(lambda: client, "127.0.0.1", port)
     except OSError as exc:
         client.error = f"connect failed: {exc}"
+        client.sent_at = client.closed_at = time.perf_counter()
         client.closed.set_result(None)
     return client
 

@@ -116,6 +116,8 @@ class Sizes:
     paced_tokens: int = 200
     paced_interval_ms: float = 20.0
     paced_delay_ms: float = 20.0
+    #: How long the paced workload may take before the streams still open are cut (0: 5 × the ideal + 60 s).
+    paced_timeout_s: float = 0.0
     first_token_runs: int = 50
     approve_runs: int = 10
     cancel_runs: int = 5
@@ -128,6 +130,10 @@ class Sizes:
     @property
     def paced_ideal_s(self) -> float:
         return (self.paced_runs - 1) * self.paced_interval_ms / 1000 + self.paced_tokens * self.paced_delay_ms / 1000
+
+    @property
+    def paced_cutoff_s(self) -> float:
+        return self.paced_timeout_s or self.paced_ideal_s * 5 + 60
 
 
 QUICK = Sizes(
@@ -218,6 +224,21 @@ def _run_id(stream: StreamClient) -> str:
     return run_id
 
 
+async def wait_idle(ep: Endpoint, within: float = 120.0) -> None:
+    """Wait until a Tether server executes no run (``tether_executing_runs`` of ``/metrics``), so
+    that what one scenario left running does not weigh on the next one."""
+    if ep.floor:
+        return
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        status, body = await http_json(ep.port, "GET", "/metrics")
+        found = re.search(r"^tether_executing_runs (\S+)$", body, re.M) if status == 200 and isinstance(body, str) else None
+        if found is None or float(found.group(1)) == 0:
+            return
+        await asyncio.sleep(0.1)
+    ERRORS.add(f"{ep.key} still executed runs {within:.0f} s after the scenario")
+
+
 def _name() -> str:
     return "s" + os.urandom(6).hex()
 
@@ -240,12 +261,15 @@ ERRORS = Errors()
 def _checked(streams: Sequence[StreamClient], *, tokens: int | None, terminal: str | None = "done") -> list[StreamClient]:
     """The streams that are fine (each problem recorded)."""
     ok = []
+    problems: dict[str, int] = {}
     for s in streams:
         s.check(tokens=tokens, terminal=terminal)
         if s.error:
-            ERRORS.add(s.error)
+            problems[s.error] = problems.get(s.error, 0) + 1
         else:
             ok.append(s)
+    for problem, count in problems.items():
+        ERRORS.add(f"{count} stream(s): {problem}" if count > 1 else problem)
     return ok
 
 
@@ -325,26 +349,30 @@ async def paced_workload(eps: Sequence[Endpoint], sz: Sizes, prefix: str) -> dic
         lags.append(max(0.0, s.sent_at - due))
 
     await asyncio.gather(*(start(i) for i in range(n)))
-    deadline = time.perf_counter() + sz.paced_ideal_s * 5 + 60
+    deadline = t0 + sz.paced_cutoff_s
     started = [s for s in streams if s is not None]
-    await asyncio.gather(*(s.wait_closed(max(1.0, deadline - time.perf_counter())) for s in started))
+    await asyncio.gather(*(s.wait_closed(max(0.0, deadline - time.perf_counter())) for s in started))
     cpu = sum(cpu_seconds(ep.server.pid) - cpu_before[ep.key] for ep in eps)
     client_cpu = time.process_time() - client_before
+    # Closing a stream does not cancel its run: cancel the runs of the streams that were cut off.
+    for i, s in enumerate(streams):
+        if s is not None and not s.ended_at and not targets[i].floor and b"\r\n\r\n" in s.buf:
+            await http_json(targets[i].port, "POST", f"/v1/runs/{_run_id(s)}/cancel", {"mode": "hard", "reason": "cut off by the benchmark"})
     ok = _checked(started, tokens=sz.paced_tokens)
-    errors = n - len(ok)
-    if not ok:
-        return {f"{prefix}.errors": errors}
-    wall = max(s.ended_at for s in ok) - min(s.sent_at for s in started)
+    if not started:
+        return {f"{prefix}.errors": n}
+    # Over every stream, failed ones included: a stream cut off at the deadline stretches it to the deadline.
+    wall = max(s.ended_at or s.closed_at for s in started) - min(s.sent_at for s in started)
+    tokens = sum(s.tokens for s in started)
     first = [_ms(s.first_token_at - s.sent_at) for s in ok]
     gaps = [_ms(g) for s in ok for g in s.token_gaps()]
-    tokens = sum(s.tokens for s in started)
     return {
         f"{prefix}.wall_s": wall,
+        f"{prefix}.errors": n - len(ok),
         f"{prefix}.tokens_per_s": tokens / wall,
         f"{prefix}.first_token_p50_ms": median(first),
         f"{prefix}.first_token_p99_ms": percentile(first, 99),
         f"{prefix}.gap_p99_ms": percentile(gaps, 99),
-        f"{prefix}.errors": errors,
         f"{prefix}.cpu_us_per_token": cpu / tokens * 1e6 if tokens else float("nan"),
         f"{prefix}.client_cpu_pct": client_cpu / wall * 100,
         f"{prefix}.start_lag_p99_ms": _ms(percentile(lags, 99)),
@@ -727,6 +755,11 @@ def scaleout_table(results: Results, sz: Sizes) -> str:
 # -- running it ----------------------------------------------------------------------------------
 
 
+def _no_nan(results: Results) -> dict[str, dict[str, list[float | None]]]:
+    """``results`` with NaN (a figure that could not be computed) as null, for strict JSON."""
+    return {key: {ep: [v if v == v else None for v in values] for ep, values in per.items()} for key, per in results.items()}
+
+
 def _record(results: Results, values: dict[str, float], ep: str) -> None:
     for key, value in values.items():
         results.setdefault(key, {}).setdefault(ep, []).append(float(value))
@@ -761,6 +794,7 @@ def run_rounds(runner: asyncio.Runner, eps: dict[str, Endpoint], scenarios: list
                     continue
                 _record(results, values, key)
                 _progress(scenario, key, values)
+                runner.run(wait_idle(eps[key]))
     return results
 
 
@@ -793,6 +827,8 @@ def run_scaleout(runner: asyncio.Runner, sz: Sizes, rounds: int, tmp: Path, post
                     continue
                 _record(results, values, f"k{k}")
                 _progress("scaleout", f"{k} proc", values)
+                for ep in eps[: int(k)]:
+                    runner.run(wait_idle(ep))
         if ERRORS.items:
             for s in servers:
                 print(f"--- last lines of {s.name}'s log:\n{s.log_tail(1500)}", file=sys.stderr)
@@ -808,7 +844,12 @@ def run_scaleout(runner: asyncio.Runner, sz: Sizes, rounds: int, tmp: Path, post
 def parse_args() -> tuple[argparse.Namespace, Sizes, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; 2 with --quick)")
-    parser.add_argument("--db", choices=("sqlite", "postgres", "both"), default="both", help="Tether's database(s) (default both)")
+    parser.add_argument(
+        "--db",
+        choices=("sqlite", "postgres", "both", "none"),
+        default="both",
+        help="Tether's database(s) (default both; none: the floor alone, to check the client)",
+    )
     parser.add_argument("--only", default=None, help=f"comma-separated scenarios out of {', '.join(SCENARIOS)}, or 'all' (default: all but scaleout)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for checking that it works (a smoke run, not a measurement)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw per-round figures to this file")
@@ -853,7 +894,7 @@ def main() -> None:
     structure: list[str] = []
     pg_server = ""
     round_scenarios = [s for s in scenarios if s in PLAN]
-    dbs = [SQLITE, POSTGRES] if args.db == "both" else [args.db]
+    dbs = {"both": [SQLITE, POSTGRES], "none": []}.get(args.db, [args.db])
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tether-scale-") as tmp_name, asyncio.Runner(loop_factory=loop_factory) as runner:
         tmp = Path(tmp_name)
@@ -892,6 +933,7 @@ def main() -> None:
                     ERRORS.context = f"warm-up, {ep.key}"
                     runner.run(scenario_stream(ep, warm))
                     runner.run(paced_workload([ep], warm, "warmup"))
+                    runner.run(wait_idle(ep))
                 results = run_rounds(runner, eps, round_scenarios, sz, args.rounds, tmp, args.postgres_url)
                 if ERRORS.items:
                     for s in servers:
@@ -951,8 +993,8 @@ def main() -> None:
             "versions": versions(),
             "postgres": pg_server,
             "structure": structure,
-            "results": results,
-            "scaleout": scaleout,
+            "results": _no_nan(results),
+            "scaleout": _no_nan(scaleout),
             "errors": ERRORS.items,
         }
         args.json.write_text(json.dumps(payload, indent=1, ensure_ascii=False))
