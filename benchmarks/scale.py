@@ -34,7 +34,8 @@ Scenarios (``--only``, comma-separated; the default is all but ``scaleout``):
   the runs started 20 ms apart (ideal wall time: 499 × 20 ms + 4 s ≈ 14 s): wall time, first
   token p50/p99 (request sent → first token), p99 of the gaps between the reads that brought
   tokens (all streams pooled), errors (a refused request, a stream cut off or ending otherwise
-  than ``done``, a seq gap, a token missing).
+  than ``done``, a seq gap, a token missing; streams still open 5 × the ideal + 60 s after the
+  first start are cut off, and their runs cancelled).
 - ``first-token``: 50 runs one after the other: request sent → first token, p50 and p99.
 - ``approve``: a run that asks for the demo's ``refund`` (always gated) and parks; once its
   ``interrupt`` event arrived, ``POST …/resume`` approves it: request sent → the next event on
@@ -51,7 +52,8 @@ Scenarios (``--only``, comma-separated; the default is all but ``scaleout``):
 
 Every figure is measured ``--rounds`` times; within a round the servers take turns (the order
 rotates from round to round), and the table shows median (min–max) over the rounds. Targets are
-judged on the medians, against the floor of the same sitting. The client is this process: an
+judged on the medians, against the floor of the same sitting. Between two scenarios the suite
+waits until no Tether server executes a run (``/metrics``). The client is this process: an
 asyncio (uvloop) loop of raw-socket connections whose receive path only appends and counts
 (``benchmarks/_bench.py``); its CPU is reported.
 """
@@ -153,6 +155,27 @@ QUICK = Sizes(
     idle_settle_s=0.5,
     processes=[1, 2],
 )
+
+
+SIZE_HELP = {
+    "stream_tokens": "stream: tokens of the one stream",
+    "stream_repeat": "stream: streams per round and server (their median is the round's figure)",
+    "burst_runs": "burst: runs started at once",
+    "burst_tokens": "burst: zero-delay tokens per run",
+    "paced_runs": "paced: runs",
+    "paced_tokens": "paced: tokens per run",
+    "paced_interval_ms": "paced: ms between the starts of two runs",
+    "paced_delay_ms": "paced: ms the model waits before each token",
+    "paced_timeout_s": "paced: seconds after the first start when streams still open are cut off (0: 5 × the ideal + 60)",
+    "first_token_runs": "first-token: runs, one after the other",
+    "approve_runs": "approve: runs",
+    "cancel_runs": "cancel: runs per mode",
+    "cancel_after": "cancel: tokens received before the cancel request",
+    "cancel_delay_ms": "cancel: ms the model waits before each token",
+    "parked_runs": "parked: runs parked on an approval",
+    "idle_settle_s": "startup: seconds after the start before the idle RSS is read",
+    "processes": "scaleout: process counts to compare",
+}
 
 
 # -- servers as the client sees them --------------------------------------------------------------
@@ -859,10 +882,11 @@ def parse_args() -> tuple[argparse.Namespace, Sizes, list[str]]:
     defaults = Sizes()
     for name, value in asdict(defaults).items():
         flag = "--" + name.replace("_", "-")
+        what = SIZE_HELP.get(name, "")
         if isinstance(value, list):
-            parser.add_argument(flag, type=int, nargs="+", default=None, help=f"default {' '.join(map(str, value))}")
+            parser.add_argument(flag, type=int, nargs="+", default=None, help=f"{what} (default {' '.join(map(str, value))})")
         else:
-            parser.add_argument(flag, type=type(value), default=None, help=f"default {value:g}")
+            parser.add_argument(flag, type=type(value), default=None, help=f"{what} (default {value:g}; --quick {getattr(QUICK, name):g})")
     args = parser.parse_args()
     base = QUICK if args.quick else defaults
     sz = Sizes(**{name: getattr(args, name) if getattr(args, name) is not None else getattr(base, name) for name in asdict(defaults)})
