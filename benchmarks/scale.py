@@ -728,7 +728,7 @@ def main_table(results: Results, sz: Sizes) -> str:
                 if t != t:
                     continue
                 name = "SQLite" if db == SQLITE else "PG"
-                if f != f and fig.goal.text.find("floor") >= 0:
+                if f != f and "floor" in fig.goal.text:
                     verdicts.append(f"{name}: no floor")
                     continue
                 met, note = fig.goal.check(t, f, db)
