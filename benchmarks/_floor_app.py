@@ -1,10 +1,24 @@
-"""The floor for ``stream_throughput.py``: a bare Starlette SSE endpoint with no store.
+"""The floor: a bare Starlette SSE endpoint with no model, no store and no fan-out.
 
-``POST /v1/stream?tokens=N`` streams the same events a Tether run of ``{"tokens": N}`` sends
-(``retry:``, ``run_started``, ``status``, N ``token`` events, ``done``), with envelopes of the
-same shape and size, one chunk per event, from a plain async generator. Everything is encoded
-before the response starts, so what is left is the cost of Starlette + uvicorn moving the
-bytes: no model, no database, no fan-out.
+``POST /v1/stream?tokens=N`` streams the events a Tether run of the script
+``{"tokens": N}`` sends (``retry:``, ``run_started``, ``status``, N ``token`` events, ``done``),
+with envelopes of the same shape and size (ids of the same length and alphabet, timestamps of
+the same format), from a plain async generator. The envelopes are encoded before the response
+starts, so what is left is the cost of Starlette + uvicorn moving the bytes. Query parameters:
+
+- ``batch=1`` writes the way Tether's SSE does (``tether/server/_sse.py``, ``_chunks``): the
+  events that are ready are joined into sends of about 64 KiB, whole events only. ``batch=0``
+  (the default, what ``stream_throughput.py`` measures) writes one send per event. For a
+  zero-delay stream every event is ready at once, so the batched floor sends
+  ``retry:`` and then sends of ≥ 64 KiB; with a delay each token is ready alone and both modes
+  write one send per token.
+- ``delay_ms=D`` pauses D ms before each token, as the scripted model's ``delay_ms`` does.
+- ``id=X`` names the stream, so that ``POST /v1/signal?id=X&kind=cancel`` can end it: the
+  stream stops before its next token and sends a ``cancelled`` event (the shape of Tether's),
+  and ``kind=resume`` wakes a parked stream. That request's round trip to the terminal
+  event is the floor of Tether's cancel and approve latencies.
+- ``park=1`` makes the stream send a ``tool_call`` and an ``interrupt`` event after ``status``
+  and wait for ``kind=resume``; it then sends ``resumed``, the tokens and ``done``.
 
 Served with the uvicorn settings ``tether demo`` uses (see ``tether/cli.py``)::
 
@@ -14,10 +28,11 @@ Served with the uvicorn settings ``tether demo`` uses (see ``tether/cli.py``)::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from datetime import UTC, datetime
 from functools import lru_cache
 
@@ -28,49 +43,177 @@ from starlette.routing import Route
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
+#: About how much one send carries when batching, as in ``tether/server/_sse.py``.
+SEND_BYTES = 64 * 1024
+
 
 def _id(prefix: str) -> str:
     # Same length and alphabet as tether._ids.new_id.
     return f"{prefix}_{time.time_ns() // 1000:014x}{os.urandom(6).hex()}"
 
 
+def _ts() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def _event(run_id: str, seq: int, event_type: str, data: dict[str, object]) -> bytes:
-    ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    envelope = json.dumps(
-        {"run_id": run_id, "seq": seq, "type": event_type, "ts": ts, "data": data},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    envelope = json.dumps({"run_id": run_id, "seq": seq, "type": event_type, "ts": _ts(), "data": data}, separators=(",", ":"), ensure_ascii=False)
     return f"id: {seq}\nevent: {event_type}\ndata: {envelope}\n\n".encode()
 
 
-@lru_cache(maxsize=4)
-def _chunks(tokens: int) -> tuple[bytes, ...]:
-    """Every chunk of one stream, encoded ahead of time."""
-    run_id, message_id = _id("run"), _id("msg")
-    chunks = [b"retry: 1000\n\n"]
-    chunks.append(_event(run_id, 1, "run_started", {"thread_id": _id("thr"), "input_message_id": _id("msg")}))
-    chunks.append(_event(run_id, 2, "status", {"stage": "model", "detail": None}))
-    for n in range(1, tokens + 1):
-        chunks.append(_event(run_id, n + 2, "token", {"message_id": message_id, "text": f"t{n} "}))
-    chunks.append(_event(run_id, tokens + 3, "done", {"message_id": message_id}))
-    return tuple(chunks)
+class _Events:
+    """Every event of one stream, encoded ahead of time (shared by the streams of one size:
+    the floor moves bytes, it does not need fresh ids)."""
+
+    def __init__(self, tokens: int, park: bool) -> None:
+        self.run_id, self.message_id = _id("run"), _id("msg")
+        run_id = self.run_id
+        self.head = [_event(run_id, 1, "run_started", {"thread_id": _id("thr"), "input_message_id": _id("msg")})]
+        self.head.append(_event(run_id, 2, "status", {"stage": "model", "detail": None, "discard_message_id": None}))
+        seq = 3
+        self.parked: list[bytes] = []
+        self.resumed: list[bytes] = []
+        if park:
+            call = {"call_id": "call_" + os.urandom(8).hex(), "name": "refund", "args": {"order_id": "A1", "amount": 1.0}, "risk": "destructive"}
+            interrupt_id = _id("int")
+            self.parked.append(_event(run_id, seq, "tool_call", {**call, "gated": True, "message_id": self.message_id}))
+            action = {"call_id": call["call_id"], "action": "refund", "args": call["args"], "description": "Refund 1.0 on order A1", "risk": "destructive"}
+            self.parked.append(
+                _event(
+                    run_id,
+                    seq + 1,
+                    "interrupt",
+                    {
+                        "interrupt_id": interrupt_id,
+                        "action_requests": [action],
+                        "review_configs": [{"allowed_decisions": ["approve", "reject", "edit"]}],
+                        "expires_at": _ts(),
+                    },
+                )
+            )
+            decision = {"call_id": call["call_id"], "decision": "approve"}
+            self.resumed.append(
+                _event(run_id, seq + 2, "resumed", {"interrupt_id": interrupt_id, "resolution": "decided", "decisions": [decision], "actor": "local"})
+            )
+            seq += 3
+        self.tokens = [_event(run_id, seq + n, "token", {"message_id": self.message_id, "text": f"t{n + 1} "}) for n in range(tokens)]
+        self.next_seq = seq + tokens
+        self.done = _event(run_id, self.next_seq, "done", {"message_id": self.message_id})
+
+    def cancelled(self, seq: int) -> bytes:
+        return _event(self.run_id, seq, "cancelled", {"mode": "soft", "reason": None, "actor": "local", "partial_message_id": self.message_id})
+
+
+@lru_cache(maxsize=16)
+def _events(tokens: int, park: bool = False) -> _Events:
+    return _Events(tokens, park)
+
+
+def _chunks(events: Iterable[bytes]) -> Iterator[bytes]:
+    """Events joined into sends of about ``SEND_BYTES`` (whole events only), as Tether's SSE does."""
+    part: list[bytes] = []
+    size = 0
+    for event in events:
+        part.append(event)
+        size += len(event)
+        if size >= SEND_BYTES:
+            yield b"".join(part)
+            part, size = [], 0
+    if part:
+        yield b"".join(part)
+
+
+class _Signals:
+    """The named streams a ``/v1/signal`` request can reach."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.resumed = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self, seconds: float | None) -> None:
+        """Wait ``seconds`` (forever with None), or less if woken."""
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        handle = loop.call_later(seconds, self.wake) if seconds is not None else None
+        try:
+            await self._waiter
+        finally:
+            if handle is not None:
+                handle.cancel()
+            self._waiter = None
+
+
+STREAMS: dict[str, _Signals] = {}
 
 
 async def stream(request: Request) -> StreamingResponse:
-    chunks = _chunks(int(request.query_params.get("tokens", "20000")))
+    q = request.query_params
+    tokens = int(q.get("tokens", "20000"))
+    delay = float(q.get("delay_ms", "0")) / 1000
+    batch = q.get("batch", "0") == "1"
+    park = q.get("park", "0") == "1"
+    name = q.get("id") or _id("floor")
+    events = _events(tokens, park)
+    signals = STREAMS[name] = _Signals()
+
+    def sends(ready: list[bytes]) -> Iterable[bytes]:
+        return _chunks(ready) if batch else ready
 
     async def body() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield chunk
+        try:
+            yield b"retry: 1000\n\n"
+            if not delay and not park:
+                for chunk in sends([*events.head, *events.tokens, events.done]):
+                    yield chunk
+                return
+            for chunk in sends(events.head):
+                yield chunk
+            if park:
+                for chunk in sends(events.parked):
+                    yield chunk
+                while not (signals.resumed or signals.cancelled):
+                    await signals.wait(None)
+                if signals.cancelled:
+                    yield events.cancelled(events.next_seq - tokens - 1)  # in place of ``resumed``
+                    return
+                for chunk in sends(events.resumed):
+                    yield chunk
+            for n, token in enumerate(events.tokens):
+                if delay:
+                    await signals.wait(delay)
+                if signals.cancelled:
+                    yield events.cancelled(events.next_seq - tokens + n)
+                    return
+                yield token
+            yield events.done
+        finally:
+            STREAMS.pop(name, None)
 
     return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
+async def signal(request: Request) -> JSONResponse:
+    """Cancel (``kind=cancel``) or resume (``kind=resume``) the stream ``id``."""
+    signals = STREAMS.get(request.query_params.get("id", ""))
+    if signals is None:
+        return JSONResponse({"error": {"code": "not_found"}}, status_code=404)
+    if request.query_params.get("kind") == "resume":
+        signals.resumed = True
+    else:
+        signals.cancelled = True
+    signals.wake()
+    return JSONResponse({"status": "ok"}, status_code=202)
+
+
 async def prepare(request: Request) -> JSONResponse:
     """Encode a stream ahead of time, so the timed request only moves bytes."""
-    chunks = _chunks(int(request.query_params.get("tokens", "20000")))
-    return JSONResponse({"events": len(chunks) - 1, "bytes": sum(map(len, chunks))})
+    events = _events(int(request.query_params.get("tokens", "20000")))
+    return JSONResponse({"events": len(events.head) + len(events.tokens) + 1, "bytes": sum(map(len, [*events.head, *events.tokens, events.done])) + 13})
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -80,6 +223,7 @@ async def healthz(request: Request) -> JSONResponse:
 app = Starlette(
     routes=[
         Route("/v1/stream", stream, methods=["POST"]),
+        Route("/v1/signal", signal, methods=["POST"]),
         Route("/v1/prepare", prepare, methods=["POST"]),
         Route("/healthz", healthz),
     ]
@@ -94,8 +238,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args()
-    # The same call as tether.cli._run_server.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3)
+    # The same call as tether.cli._run_server (the limits Tether adds do not bind here).
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3, timeout_keep_alive=5, backlog=2048)
 
 
 if __name__ == "__main__":

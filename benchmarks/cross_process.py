@@ -63,7 +63,7 @@ import sqlalchemy as sa
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from stream_throughput import Server, cpu_seconds, free_port, machine  # noqa: E402  # after the sys.path entry
+from _bench import Server, cpu_seconds, free_port, machine  # noqa: E402  # after the sys.path entry
 
 TERMINAL_TYPES = ("done", "error", "cancelled")
 TERMINAL_MARKERS = tuple(b"\nevent: " + t.encode() + b"\n" for t in TERMINAL_TYPES)

@@ -14,7 +14,9 @@ It starts two servers as subprocesses on free localhost ports, with the uvicorn 
   content ``{"script": [{"tokens": N}]}``: N zero-delay token deltas.
 - **The floor** (``benchmarks/_floor_app.py``): a bare Starlette endpoint that writes the same
   events (same count, same envelope shape and size), encoded ahead of time, one chunk per
-  event, with no store.
+  event, with no store. Tether joins the events that are ready into sends of about 64 KiB,
+  which this floor does not: ``--batched-floor`` makes it write that way too (the honest
+  floor; ``benchmarks/scale.py`` reports both).
 
 The client is a raw socket (no HTTP library in the timed path): it sends the request, then
 only appends what ``recv`` returns and looks for three markers with ``bytearray.find``
@@ -32,82 +34,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _bench import Server, cpu_seconds, floor_argv, free_port, machine, tether_argv  # noqa: E402  # after the sys.path entry
+
 TERMINAL_MARKERS = (b"\nevent: done\n", b"\nevent: error\n", b"\nevent: cancelled\n")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 #: The speed this stage of Tether aims for, as a fraction of the floor's events/s.
 TARGET_RATIO = 0.3
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` (all threads), from /proc."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    # Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-class Server:
-    """A server subprocess on a free port; ``stop`` sends SIGINT (uvicorn's graceful stop)."""
-
-    def __init__(self, name: str, argv: list[str], port: int, log_path: Path) -> None:
-        self.name = name
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self._log_path = log_path
-        self._log = open(log_path, "wb")
-        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=HERE.parent)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def wait_until_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                break
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"{self.name} did not start; its log:\n{self._log_path.read_text(errors='replace')[-3000:]}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
 
 
 @dataclass
@@ -217,21 +164,9 @@ def tether_stream(server: Server, tokens: int) -> Stream:
     return measure_stream(server, f"/v1/threads/{thread['id']}/runs", body, tokens)
 
 
-def floor_stream(server: Server, tokens: int) -> Stream:
+def floor_stream(server: Server, tokens: int, batch: bool = False) -> Stream:
     httpx.post(server.url + f"/v1/prepare?tokens={tokens}", timeout=60).raise_for_status()
-    return measure_stream(server, f"/v1/stream?tokens={tokens}", b"{}", tokens)
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    return measure_stream(server, f"/v1/stream?tokens={tokens}&batch={int(batch)}", b"{}", tokens)
 
 
 def versions() -> str:
@@ -283,6 +218,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="measured streams per server (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured streams per server first (default 1)")
     parser.add_argument("--only", choices=("tether", "floor"), help="measure one server only")
+    parser.add_argument(
+        "--batched-floor",
+        action="store_true",
+        help="the floor joins its events into sends of about 64 KiB, as Tether's SSE does (default: one send per event; benchmarks/scale.py reports both)",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
@@ -290,13 +230,12 @@ def main() -> None:
         try:
             if args.only != "floor":
                 port = free_port()
-                db = f"sqlite:///{Path(tmp) / 'bench.db'}"
-                argv = [sys.executable, "-m", "tether.cli", "demo", "--port", str(port), "--db", db, "--log-level", "warning"]
+                argv = tether_argv(port, f"sqlite:///{Path(tmp) / 'bench.db'}")
                 servers["tether"] = (Server("tether", argv, port, Path(tmp) / "tether.log"), tether_stream)
             if args.only != "tether":
                 port = free_port()
-                argv = [sys.executable, str(HERE / "_floor_app.py"), "--port", str(port), "--log-level", "warning"]
-                servers["floor"] = (Server("floor", argv, port, Path(tmp) / "floor.log"), floor_stream)
+                floor = partial(floor_stream, batch=args.batched_floor)
+                servers["floor"] = (Server("floor", floor_argv(port), port, Path(tmp) / "floor.log"), floor)
             for server, _ in servers.values():
                 server.wait_until_ready()
                 # The pid is for a profiler: py-spy record --pid <pid> while the streams run.
