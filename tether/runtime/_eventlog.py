@@ -9,11 +9,12 @@ latency, not one per token, and no one ever sees an event the store does not hav
 itself goes through the runtime's :class:`~._groupcommit.GroupCommit`, which puts the batches
 of every run of the process into one transaction.
 
-Under a burst (events arrived during the last commit) a small batch waits up to
+Under a burst (events arrived during each of the last two commits) a small batch waits up to
 ``_BURST_LINGER_S`` for more before committing, as PostgreSQL's ``commit_delay`` does: a
 transaction costs the event loop far more than an event does, so committing a burst a dozen
 events at a time would spend the loop on transactions instead of on the stream
-(``benchmarks/stream_throughput.py``). An event after an idle period never waits.
+(``benchmarks/stream_throughput.py``). An event after an idle period never waits, nor does
+the batch right after it (a run's first tokens, arriving while its ``status`` event commits).
 """
 
 from __future__ import annotations
@@ -118,10 +119,10 @@ class EventLog:
             raise EventLogFailed("event log failed") from self._failure
 
     async def _flush_loop(self) -> None:
-        busy = False  # events arrived while the last commit was in flight
+        busy = 0  # how many commits in a row had events arriving while they were in flight
         while True:
             await self._has_pending.wait()
-            if busy and len(self._pending) < _BURST_BATCH:
+            if busy >= 2 and len(self._pending) < _BURST_BATCH:
                 await asyncio.sleep(_BURST_LINGER_S)
             self._has_pending.clear()
             batch, self._pending = self._pending, []
@@ -135,7 +136,7 @@ class EventLog:
                 self._idle.set()
                 return
             self._bus.publish(self.run_id, batch)
-            busy = bool(self._pending)
+            busy = busy + 1 if self._pending else 0
             if not busy:
                 self._idle.set()
 

@@ -74,11 +74,16 @@ async def follow_run(
                 if len(page) < asked:
                     return
 
+        replayed = False
         async for page in catch_up():
+            replayed = True
             yield page
             if page[-1].type in TERMINAL_TYPES:
                 return
-        if (await store.get_run(run_id)).terminal:
+        # The log had events and none was terminal: the run was not over when it was read, and
+        # its terminal event, committed later, comes through the subscription taken before.
+        # Only a read that found nothing new needs the run itself.
+        if not replayed and (await store.get_run(run_id)).terminal:
             # The cursor is at or past the terminal event. A terminal status commits together
             # with its terminal event, so the store holds the whole log: read what is left, end.
             async for page in catch_up():

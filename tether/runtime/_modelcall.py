@@ -95,19 +95,19 @@ class ModelCalls:
                 failure = RunError(code="model_error", message=describe_exception(exc), retryable=True, partial_message_id=message.id if parts else None)
             finally:
                 self._model_scope = None
-        await self._record_usage(message.id, request.usage)
+        self._count_usage(request.usage)
         text = "".join(parts)
         if scope.cancel_called and failure is None:
-            await self._store_turn(message.id, content=text, status="cancelled")
+            await self._store_turn(message.id, request.usage, content=text, status="cancelled")
             return ModelTurn(message.id, text, [], [])
         if failure is not None:
-            await self._store_turn(message.id, content=text, status="failed")
+            await self._store_turn(message.id, request.usage, content=text, status="failed")
             return ModelTurn(message.id, text, [], [], failure)
         calls, announcements = announce_calls(self.agent.tools, self.config.approval_threshold, message.id, requests)
         for announcement in announcements:
             self.events.emit(announcement)
         stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
-        await self._store_turn(message.id, content=text, status="complete", tool_calls=stored_calls or None)
+        await self._store_turn(message.id, request.usage, content=text, status="complete", tool_calls=stored_calls or None)
         self._partial_message_id = None
         return ModelTurn(message.id, text, requests, calls)
 
@@ -116,18 +116,19 @@ class ModelCalls:
         logger.info("run %s: model call failed (%s), %s", self.run.id, error.message, detail)
         self.events.emit(Status(stage="model", detail=detail))
 
-    async def _record_usage(self, message_id: str, usage: Usage) -> None:
-        """Store one model call's tokens on the run (also a cancelled or failed call's)."""
+    def _count_usage(self, usage: Usage) -> None:
+        """Count one model call's tokens (also a cancelled or failed call's) for ``done`` and
+        ``/metrics``; they are stored with the turn."""
         self.usage.add(usage)
         if self._on_usage is not None:
             self._on_usage(usage)
-        await self.store.add_usage(self.run.id, message_id=message_id, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
 
-    async def _store_turn(self, message_id: str, **values: Any) -> None:
-        """Store a model turn's final state once the events announcing it are durable.
+    async def _store_turn(self, message_id: str, usage: Usage, **values: Any) -> None:
+        """Store a model turn's final state, with the tokens its call consumed, once the events
+        announcing it are durable.
 
         A crash between the two writes leaves a ``partial`` message whose announced part
         recovery reads back from the log, never a stored turn that clients were not shown.
         """
         await self.events.wait_for_idle()
-        await self.store.update_message(message_id, **values)
+        await self.store.store_turn(self.run.id, message_id, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, **values)

@@ -47,14 +47,9 @@ class EventStore(StoreBase):
 
     async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with ``seq > after_seq``, in order."""
-        query = (
-            sa.select(events.c.seq, events.c.type, events.c.envelope)
-            .where(events.c.run_id == run_id, events.c.seq > after_seq)
-            .order_by(events.c.seq)
-            .limit(limit)
-        )
         async with self._reading() as conn:
-            return [StoredEvent(r.seq, r.type, r.envelope) for r in await conn.execute(query)]
+            rows = await conn.execute(_READ_EVENTS, {"run_id": run_id, "after_seq": after_seq, "limit": limit})
+            return [StoredEvent(seq, type_, envelope) for seq, type_, envelope in rows]
 
     async def last_seq(self, run_id: str) -> int:
         """The highest ``seq`` of a run (0 if none)."""
@@ -80,6 +75,15 @@ class EventStore(StoreBase):
     async def _next_seq(conn: AsyncConnection, run_id: str) -> int:
         """The seq the run's next event gets, read in the caller's transaction."""
         return await _last_seq(conn, run_id) + 1
+
+
+#: ``read_events``, built once (followers run it on every catch-up).
+_READ_EVENTS = (
+    sa.select(events.c.seq, events.c.type, events.c.envelope)
+    .where(events.c.run_id == sa.bindparam("run_id"), events.c.seq > sa.bindparam("after_seq"))
+    .order_by(events.c.seq)
+    .limit(sa.bindparam("limit"))
+)
 
 
 async def _last_seq(conn: AsyncConnection, run_id: str) -> int:

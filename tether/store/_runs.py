@@ -17,6 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._ids import new_id, utcnow
 from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadBusy
@@ -33,7 +34,7 @@ from ._records import (
     message_values,
     run_record,
 )
-from ._tables import audit, interrupts, messages, runs, threads
+from ._tables import Hot, audit, interrupts, messages, runs
 from ._tree import splits_a_tool_turn
 
 __all__ = ["RunStore"]
@@ -72,14 +73,14 @@ class RunStore(EventStore):
         now = utcnow()
         run_id = new_id("run")
         async with self._writing() as conn:
-            thread_row = (await conn.execute(threads.select().where(threads.c.id == thread_id))).first()
+            thread_row = (await conn.execute(Hot.thread_by_id, {"thread_id": thread_id})).first()
             if thread_row is None or (owner is not None and thread_row.owner != owner):
                 raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
             if use_active_leaf:
                 parent_id = thread_row.active_leaf_id
             parent = None
             if parent_id is not None:
-                row = (await conn.execute(messages.select().where(messages.c.id == parent_id))).first()
+                row = (await conn.execute(Hot.message_by_id, {"message_id": parent_id})).first()
                 if row is None or row.thread_id != thread_id:
                     raise InvalidRequest(
                         f"parent_id {parent_id!r} is not a message of thread {thread_id!r}",
@@ -111,22 +112,23 @@ class RunStore(EventStore):
                 # The first write of the transaction: if the partial unique index refuses it,
                 # nothing else has been written and the whole transaction rolls back.
                 await conn.execute(
-                    runs.insert().values(
-                        id=run_id,
-                        thread_id=thread_id,
-                        status=RunStatus.QUEUED.value,
-                        config=config,
-                        input_message_id=message.id,
-                        created_at=now,
-                        requested_by=requested_by,
+                    Hot.insert_run,
+                    {
+                        "id": run_id,
+                        "thread_id": thread_id,
+                        "status": RunStatus.QUEUED.value,
+                        "config": config,
+                        "input_message_id": message.id,
+                        "created_at": now,
+                        "requested_by": requested_by,
                         **lease,
-                    )
+                    },
                 )
             except IntegrityError:
                 raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
             if content is not None:
-                await conn.execute(messages.insert().values(**message_values(message)))
-            await conn.execute(threads.update().where(threads.c.id == thread_id).values(active_leaf_id=message.id, updated_at=now))
+                await conn.execute(Hot.insert_message, message_values(message))
+            await conn.execute(Hot.set_active_leaf, {"of_thread": thread_id, "leaf_id": message.id, "now": now})
             started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message.id), now)
             stored = StoredEvent(1, started.type, started.to_json())
             await self._write_events(conn, run_id, [stored])
@@ -137,7 +139,7 @@ class RunStore(EventStore):
     async def get_run(self, run_id: str) -> RunRecord:
         """Read a run; :class:`NotFound` if missing."""
         async with self._reading() as conn:
-            row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
+            row = (await conn.execute(Hot.run_by_id, {"run_id": run_id})).first()
         if row is None:
             raise NotFound(f"run {run_id!r} not found", code="run_not_found")
         return run_record(row)
@@ -181,27 +183,24 @@ class RunStore(EventStore):
     async def mark_running(self, run_id: str) -> bool:
         """``queued`` → ``running``; False if the run was not queued."""
         async with self._writing() as conn:
-            result = await conn.execute(
-                runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.QUEUED.value).values(status=RunStatus.RUNNING.value, started_at=utcnow())
-            )
+            result = await conn.execute(Hot.mark_running, {"run_id": run_id, "now": utcnow()})
         return result.rowcount == 1
 
     async def add_usage(self, run_id: str, *, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
-        """Add one model call's token counts to the run's usage; returns the new usage.
-
-        Only the run's executor writes it, one call at a time, so a read-modify-write in one
-        transaction is enough.
-        """
+        """Add one model call's token counts to the run's usage; returns the new usage."""
         async with self._writing() as conn:
-            current = (await conn.execute(sa.select(runs.c.usage).where(runs.c.id == run_id))).scalar_one_or_none() or {}
-            calls = [*current.get("calls", []), {"message_id": message_id, "input_tokens": input_tokens, "output_tokens": output_tokens}]
-            usage = {
-                "input_tokens": int(current.get("input_tokens", 0)) + input_tokens,
-                "output_tokens": int(current.get("output_tokens", 0)) + output_tokens,
-                "calls": calls,
-            }
-            await conn.execute(runs.update().where(runs.c.id == run_id).values(usage=usage))
-        return usage
+            return await _add_usage(conn, run_id, message_id, input_tokens, output_tokens)
+
+    async def store_turn(
+        self, run_id: str, message_id: str, *, content: str, status: str, tool_calls: list[dict[str, Any]] | None = None, input_tokens: int, output_tokens: int
+    ) -> None:
+        """A model turn's final state and the tokens its call consumed, in one transaction."""
+        async with self._writing() as conn:
+            values: dict[str, Any] = {"content": content, "status": status}
+            if tool_calls is not None:
+                values["tool_calls"] = tool_calls
+            await conn.execute(messages.update().where(messages.c.id == message_id).values(**values))
+            await _add_usage(conn, run_id, message_id, input_tokens, output_tokens)
 
     async def request_cancel(self, run_id: str, *, mode: str, reason: str | None, actor: str) -> RunRecord:
         """Record a cancel request: active → ``cancelling``; a second hard request upgrades a soft one.
@@ -319,3 +318,17 @@ class RunStore(EventStore):
 def _values(statuses: Iterable[str]) -> list[str]:
     """Statuses as the plain strings the column holds (callers may pass :class:`RunStatus`)."""
     return [str(status) for status in statuses]
+
+
+async def _add_usage(conn: AsyncConnection, run_id: str, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """Add one model call's tokens to the run's usage, in the caller's transaction. Only the
+    run's executor writes it, one call at a time, so a read-modify-write is enough."""
+    current = (await conn.execute(sa.select(runs.c.usage).where(runs.c.id == run_id))).scalar_one_or_none() or {}
+    calls = [*current.get("calls", []), {"message_id": message_id, "input_tokens": input_tokens, "output_tokens": output_tokens}]
+    usage = {
+        "input_tokens": int(current.get("input_tokens", 0)) + input_tokens,
+        "output_tokens": int(current.get("output_tokens", 0)) + output_tokens,
+        "calls": calls,
+    }
+    await conn.execute(runs.update().where(runs.c.id == run_id).values(usage=usage))
+    return usage

@@ -14,7 +14,20 @@ import sqlalchemy as sa
 
 from ._records import ACTIVE_RUN_STATUSES
 
-__all__ = ["metadata", "threads", "messages", "runs", "events", "interrupts", "audit", "api_keys", "ACTIVE_RUN_STATUSES", "ACTIVE_RUN_SQL", "has_active_run"]
+__all__ = [
+    "metadata",
+    "threads",
+    "messages",
+    "runs",
+    "events",
+    "interrupts",
+    "audit",
+    "api_keys",
+    "ACTIVE_RUN_STATUSES",
+    "ACTIVE_RUN_SQL",
+    "has_active_run",
+    "Hot",
+]
 
 metadata = sa.MetaData()
 
@@ -199,3 +212,22 @@ api_keys = sa.Table(
 def has_active_run(thread_id: str) -> sa.Exists:
     """``EXISTS`` a run of the thread that is not terminal (for conditional writes)."""
     return sa.exists().where(runs.c.thread_id == thread_id, runs.c.status.in_(ACTIVE_RUN_STATUSES))
+
+
+class Hot:
+    """Statements of the hot paths (a run's start, its first model call), built once.
+
+    Building a SQLAlchemy statement and its cache key costs more than SQLite takes to run a
+    small one, so the statements every run start makes are made here, with bound parameters,
+    and executed with a dict of values.
+    """
+
+    thread_by_id = threads.select().where(threads.c.id == sa.bindparam("thread_id"))
+    message_by_id = messages.select().where(messages.c.id == sa.bindparam("message_id"))
+    run_by_id = runs.select().where(runs.c.id == sa.bindparam("run_id"))
+    insert_run = runs.insert()
+    insert_message = messages.insert()
+    set_active_leaf = (
+        threads.update().where(threads.c.id == sa.bindparam("of_thread")).values(active_leaf_id=sa.bindparam("leaf_id"), updated_at=sa.bindparam("now"))
+    )
+    mark_running = runs.update().where(runs.c.id == sa.bindparam("run_id"), runs.c.status == "queued").values(status="running", started_at=sa.bindparam("now"))

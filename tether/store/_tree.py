@@ -18,7 +18,7 @@ from .._ids import new_id, utcnow
 from ..errors import Conflict, FieldError, InvalidRequest, NotFound, ThreadBusy
 from ._engine import StoreBase
 from ._records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
-from ._tables import has_active_run, messages, threads
+from ._tables import Hot, has_active_run, messages, threads
 
 __all__ = ["TreeStore", "splits_a_tool_turn"]
 
@@ -86,18 +86,9 @@ class TreeStore(StoreBase):
         """
         if leaf_id is None or (limit is not None and limit < 1):
             return []
-        # The chain carries whole rows, so the final SELECT reads only the chain (joining it
-        # back to ``messages`` would let a planner scan the table once per step).
-        start = sa.select(*messages.c, sa.literal_column("1").label("depth"))
-        chain = start.where(messages.c.id == leaf_id, messages.c.thread_id == thread_id).cte("chain", recursive=True)
-        up = messages.alias("up")
-        step = sa.select(*up.c, (chain.c.depth + 1).label("depth")).where(up.c.id == chain.c.parent_id)
-        if limit is not None:
-            step = step.where(chain.c.depth < limit)
-        chain = chain.union_all(step)
-        query = sa.select(*(chain.c[c.name] for c in messages.c)).order_by(chain.c.depth.desc())
+        params = {"leaf_id": leaf_id, "thread_id": thread_id, "limit": limit if limit is not None else _NO_LIMIT}
         async with self._reading() as conn:
-            return [message_record(row) for row in await conn.execute(query)]
+            return [message_record(row) for row in await conn.execute(_PATH_TO, params)]
 
     async def tree_page(self, thread_id: str, *, after_id: str | None = None, limit: int = 100) -> tuple[list[MessageRecord], bool]:
         """Up to ``limit`` messages of the thread's tree in creation order, after the message
@@ -169,8 +160,8 @@ class TreeStore(StoreBase):
     async def add_message(self, message: MessageRecord) -> MessageRecord:
         """Append a message to its thread and make it the active leaf."""
         async with self._writing() as conn:
-            await conn.execute(messages.insert().values(**message_values(message)))
-            await conn.execute(threads.update().where(threads.c.id == message.thread_id).values(active_leaf_id=message.id, updated_at=utcnow()))
+            await conn.execute(Hot.insert_message, message_values(message))
+            await conn.execute(Hot.set_active_leaf, {"of_thread": message.thread_id, "leaf_id": message.id, "now": utcnow()})
         return message
 
     async def move_active_leaf(self, thread_id: str, message_id: str | None) -> None:
@@ -267,3 +258,22 @@ async def splits_a_tool_turn(conn: AsyncConnection, parent: MessageRecord) -> bo
     if cursor is None or cursor.role != "assistant" or not cursor.tool_calls:
         return False
     return any(call["id"] not in answered for call in cursor.tool_calls)
+
+
+#: ``path_to`` without a limit: deeper than any path.
+_NO_LIMIT = 2**62
+
+
+def _path_query() -> sa.Select[Any]:
+    """The recursive query of ``path_to``, built once (building it per call cost more than
+    running it). The chain carries whole rows, so the final SELECT reads only the chain
+    (joining it back to ``messages`` would let a planner scan the table once per step)."""
+    start = sa.select(*messages.c, sa.literal_column("1").label("depth"))
+    chain = start.where(messages.c.id == sa.bindparam("leaf_id"), messages.c.thread_id == sa.bindparam("thread_id")).cte("chain", recursive=True)
+    up = messages.alias("up")
+    step = sa.select(*up.c, (chain.c.depth + 1).label("depth")).where(up.c.id == chain.c.parent_id, chain.c.depth < sa.bindparam("limit"))
+    chain = chain.union_all(step)
+    return sa.select(*(chain.c[c.name] for c in messages.c)).order_by(chain.c.depth.desc())
+
+
+_PATH_TO = _path_query()
