@@ -261,7 +261,7 @@ async def splits_a_tool_turn(conn: AsyncConnection, parent: MessageRecord) -> bo
 
 
 #: ``path_to`` without a limit: deeper than any path.
-_NO_LIMIT = 2**62
+_NO_LIMIT = 2**31 - 1  # the largest INTEGER PostgreSQL compares a depth with
 
 
 def _path_query() -> sa.Select[Any]:
