@@ -1,4 +1,4 @@
-"""Tether at scale, next to an honest floor: the benchmark suite of issue 15 ("Performance at scale").
+"""Tether at scale, next to an honest floor: many concurrent runs, first token, cancel, memory.
 
 Run it from the repository root (Linux: the CPU and memory figures come from ``/proc``; the
 PostgreSQL figures need a server where ``CREATE DATABASE`` works, trust auth is enough)::

@@ -133,6 +133,7 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
         limit_concurrency=max_connections,
         timeout_keep_alive=KEEP_ALIVE_S,
         backlog=2048,
+        ws="none",  # no WebSocket routes: the WebSocket implementation is never loaded
     )
 
 

@@ -1,0 +1,88 @@
+"""The PostgreSQL bus hands what another process committed to every local follower after one read.
+
+Two stores on one PostgreSQL database stand for two server processes: process A appends a
+run's events (each commit sends ``NOTIFY``); process B has several followers of that run. B's
+bus reads the new events once per notification, not once per follower, and every follower
+still gets the whole log, gapless, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from tether.events import Envelope, Token, now_ts
+from tether.runtime import follow_run
+from tether.runtime._pgbus import PostgresBus
+from tether.store import Store, StoredEvent
+
+pytestmark = pytest.mark.anyio
+
+FOLLOWERS = 8
+COMMITS = 30
+
+
+def token(run_id: str, seq: int) -> StoredEvent:
+    return StoredEvent(seq, "token", Envelope.encode(run_id, seq, Token(message_id="m", text=f"t{seq}"), now_ts()))
+
+
+@pytest.fixture
+async def two_processes(pg_db_url: str) -> AsyncIterator[tuple[Store, Store]]:
+    a, b = await Store.open(pg_db_url), await Store.open(pg_db_url)
+    try:
+        yield a, b
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_followers_on_another_process_share_one_read_per_notification(two_processes: tuple[Store, Store]) -> None:
+    a, b = two_processes
+    thread = await a.create_thread(owner="alice")
+    run, _, _ = await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})
+    reads = 0
+
+    async def counted_read(run_id: str, after_seq: int, limit: int) -> list[StoredEvent]:
+        nonlocal reads
+        reads += 1
+        return await b.read_events(run_id, after_seq=after_seq, limit=limit)
+
+    dsn = b.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    bus = PostgresBus(dsn, b.instance_id, read_events=counted_read)
+    await bus.start()
+    last = 1 + COMMITS
+    try:
+        attached = anyio.Event()
+        attached_count = 0
+        logs: list[list[int]] = [[] for _ in range(FOLLOWERS)]
+
+        async def follow(i: int) -> None:
+            nonlocal attached_count
+            async for batch in follow_run(b, bus, run.id, idle_timeout=60):
+                if not logs[i] and batch:
+                    attached_count += 1
+                    if attached_count == FOLLOWERS:
+                        attached.set()
+                logs[i] += [e.seq for e in batch]
+                if logs[i] and logs[i][-1] == last:
+                    return
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                for i in range(FOLLOWERS):
+                    group.start_soon(follow, i)
+                await attached.wait()  # every follower replayed run_started: now only live events
+                for seq in range(2, last + 1):
+                    await a.append_events(run.id, [token(run.id, seq)])
+                    await asyncio.sleep(0)  # let notifications interleave with the commits
+        for log in logs:
+            assert log == list(range(1, last + 1))
+        # The first notification only wakes the followers (each catches up itself, reading
+        # through the store directly); after that the bus reads once per round of notifications
+        # for all of them. Per follower it would be COMMITS × FOLLOWERS reads.
+        assert 1 <= reads <= COMMITS, reads
+    finally:
+        await bus.aclose()
