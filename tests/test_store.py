@@ -27,8 +27,10 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from tether._ids import new_id, utcnow
-from tether.errors import InterruptExpired, InterruptResolved, InvalidRequest, NotFound, RunNotActive, ThreadBusy
+from tether.errors import EventLogFailed, InterruptExpired, InterruptResolved, InvalidRequest, NotFound, RunNotActive, ThreadBusy
 from tether.events import Cancelled, Done, Envelope, Event, Interrupt, Resumed, RunError, Status, Token, format_ts, now_ts
+from tether.runtime import LocalBus
+from tether.runtime._eventlog import EventLog
 from tether.runtime._groupcommit import GroupCommit
 from tether.store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord
 from tether.store import _tables as tables
@@ -490,32 +492,34 @@ async def test_cancelling_a_terminal_run_raises_run_not_active_and_changes_nothi
 
 async def test_group_commit_puts_many_runs_in_one_transaction_and_a_bad_batch_fails_only_its_run(store: Store) -> None:
     writer = GroupCommit(store)
-    writer.start()
+    bus = LocalBus()
     try:
         runs = [(await start_run(store, await store.create_thread(owner="alice")))[0] for _ in range(30)]
+        logs = [EventLog(store, bus, run.id, next_seq=2, writer=writer) for run in runs]
 
-        async def stream(run_id: str) -> None:
-            for seq in range(2, 42):
-                await writer.append(run_id, [stored(run_id, seq, Token(message_id="m", text=f"{run_id} {seq}"))])
+        async def stream(event_log: EventLog) -> None:
+            for n in range(40):
+                event_log.emit_delta("token", "m", f"{event_log.run_id} {n}")
+                await anyio.sleep(0)
+            await event_log.wait_for_idle()
 
         async with anyio.create_task_group() as group:
-            for run in runs:
-                group.start_soon(stream, run.id)
+            for event_log in logs:
+                group.start_soon(stream, event_log)
         for run in runs:
             assert [e.seq for e in await store.read_events(run.id)] == list(range(1, 42))
-        assert writer.batches == 30 * 40
-        assert writer.transactions < writer.batches / 5  # the runs shared transactions
+        assert writer.transactions < writer.batches / 5, (writer.transactions, writer.batches)  # the runs shared transactions
 
-        # One transaction with a batch whose seq is taken: only that run's append fails.
-        bad, good = runs[0].id, runs[1].id
-        results = await asyncio.gather(
-            writer.append(bad, [stored(bad, 41, Token(message_id="m", text="again"))]),
-            writer.append(good, [stored(good, 42, Token(message_id="m", text="fine"))]),
-            return_exceptions=True,
-        )
-        assert isinstance(results[0], sa.exc.IntegrityError) and results[1] is None
-        assert (await store.read_events(good, after_seq=41))[0].seq == 42
-        assert [e.seq for e in await store.read_events(bad)] == list(range(1, 42))
+        # One transaction with a batch whose seq is taken: only that run's log fails.
+        bad = EventLog(store, bus, runs[0].id, next_seq=41, writer=writer)
+        good = logs[1]
+        bad.emit_delta("token", "m", "again")
+        good.emit_delta("token", "m", "fine")
+        with pytest.raises(EventLogFailed):
+            await bad.wait_for_idle()
+        await good.wait_for_idle()
+        assert [e.seq for e in await store.read_events(runs[1].id)] == list(range(1, 43))
+        assert [e.seq for e in await store.read_events(runs[0].id)] == list(range(1, 42))
     finally:
         await writer.aclose()
 

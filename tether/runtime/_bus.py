@@ -82,7 +82,8 @@ class Subscription:
         """
         if not self._pending and not self.stale:
             try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+                async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for
+                    await self._wakeup.wait()
             except TimeoutError:
                 return None
         self._wakeup.clear()

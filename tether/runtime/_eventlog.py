@@ -1,20 +1,13 @@
-"""A run's event log writer: durable before sent, with group commit.
+"""A run's event log: durable before sent, with group commit.
 
 The executor calls :meth:`EventLog.emit` synchronously for every event; seqs are assigned here,
-contiguous from the run's next seq. A single flusher task commits whatever has accumulated in
-one transaction and only then publishes the batch to live followers. The first event after an
-idle period is committed at once (nothing to wait for); events that arrive while a commit is in
-flight ride along with the next one. So a token stream costs one transaction per commit
-latency, not one per token, and no one ever sees an event the store does not have. The commit
-itself goes through the runtime's :class:`~._groupcommit.GroupCommit`, which puts the batches
-of every run of the process into one transaction.
-
-Under a burst (events arrived during each of the last two commits) a small batch waits up to
-``_BURST_LINGER_S`` for more before committing, as PostgreSQL's ``commit_delay`` does: a
-transaction costs the event loop far more than an event does, so committing a burst a dozen
-events at a time would spend the loop on transactions instead of on the stream
-(``benchmarks/stream_throughput.py``). An event after an idle period never waits, nor does
-the batch right after it (a run's first tokens, arriving while its ``status`` event commits).
+contiguous from the run's next seq, and each envelope is encoded once. The events queue here
+until the process's one writer (:class:`~._groupcommit.GroupCommit`) commits them, together
+with every other run's, and hands the batch back (:meth:`EventLog.committed`); only then is it
+published to live followers. The first events after an idle moment are committed at once;
+events that arrive while a commit is in flight ride along with the next one. So a token stream
+costs one transaction per commit latency, not one per token, and no one ever sees an event the
+store does not have.
 """
 
 from __future__ import annotations
@@ -25,34 +18,29 @@ from typing import TYPE_CHECKING
 from ..errors import EventLogFailed
 from ..events import Envelope, Event, StoredEvent, now_ts
 from ..store import Store
+from ._groupcommit import GroupCommit
 
 if TYPE_CHECKING:
     from ._bus import LocalBus
-    from ._groupcommit import GroupCommit
 
 __all__ = ["EventLog"]
-
-#: How long a small batch waits for more during a burst, and what counts as small.
-_BURST_LINGER_S = 0.001
-_BURST_BATCH = 256
 
 
 class EventLog:
     """Appends one run's events to the store in batches, then publishes them."""
 
     def __init__(self, store: Store, bus: LocalBus, run_id: str, *, next_seq: int, writer: GroupCommit | None = None) -> None:
-        self._store = store
-        #: Commits for many runs at once; without one, each batch is its own transaction.
-        self._writer = writer
+        #: Commits for many runs at once; without one given, this log has a writer of its own.
+        self._writer = writer if writer is not None else GroupCommit(store)
+        self._own_writer = writer is None
         self._bus = bus
         self.run_id = run_id
         self._next_seq = next_seq
-        self._pending: list[StoredEvent] = []
-        self._has_pending = asyncio.Event()
+        #: Events emitted and not yet taken by the writer.
+        self.pending: list[StoredEvent] = []
         self._idle = asyncio.Event()
         self._idle.set()
         self._failure: BaseException | None = None
-        self._flusher: asyncio.Task[None] | None = None
 
     @property
     def next_seq(self) -> int:
@@ -60,8 +48,9 @@ class EventLog:
         return self._next_seq
 
     def start(self) -> None:
-        """Start the flusher task (owned by this log; stopped by :meth:`aclose`)."""
-        self._flusher = asyncio.create_task(self._flush_loop(), name=f"eventlog-{self.run_id}")
+        """Start this log's own writer, if it has one (else the runtime's writer runs already)."""
+        if self._own_writer:
+            self._writer.start()
 
     def emit(self, event: Event) -> int:
         """Queue ``event`` for the next commit and return its seq."""
@@ -83,9 +72,29 @@ class EventLog:
         return seq
 
     def _queue(self, stored: StoredEvent) -> None:
-        self._pending.append(stored)
+        if not self.pending:
+            self._writer.schedule(self)
+        self.pending.append(stored)
         self._idle.clear()
-        self._has_pending.set()
+
+    # -- called by the writer ---------------------------------------------------------------
+
+    def take(self) -> list[StoredEvent]:
+        """Everything queued so far, for the writer's next transaction."""
+        batch, self.pending = self.pending, []
+        return batch
+
+    def committed(self, batch: list[StoredEvent]) -> None:
+        """``batch`` is durable: publish it; idle once nothing more is queued."""
+        self._bus.publish(self.run_id, batch)
+        if not self.pending:
+            self._idle.set()
+
+    def failed(self, error: BaseException) -> None:
+        """The writer could not commit this log's events: surface it to the executor."""
+        self._failure = error
+        self.pending = []
+        self._idle.set()
 
     def seal(self, event: Event) -> StoredEvent:
         """Build the terminal event with the next seq, without queueing it.
@@ -99,7 +108,7 @@ class EventLog:
 
     def restart_at(self, seq: int) -> None:
         """After a failed commit: drop what was not written and continue at ``seq``."""
-        self._pending.clear()
+        self.pending = []
         self._next_seq = seq
         self._idle.set()
 
@@ -118,38 +127,10 @@ class EventLog:
         if self._failure is not None:
             raise EventLogFailed("event log failed") from self._failure
 
-    async def _flush_loop(self) -> None:
-        busy = 0  # how many commits in a row had events arriving while they were in flight
-        while True:
-            await self._has_pending.wait()
-            if busy >= 2 and len(self._pending) < _BURST_BATCH:
-                await asyncio.sleep(_BURST_LINGER_S)
-            self._has_pending.clear()
-            batch, self._pending = self._pending, []
-            try:
-                if self._writer is not None:
-                    await self._writer.append(self.run_id, batch)
-                else:
-                    await self._store.append_events(self.run_id, batch)
-            except Exception as exc:  # a store failure: surface it to the executor
-                self._failure = exc
-                self._idle.set()
-                return
-            self._bus.publish(self.run_id, batch)
-            busy = busy + 1 if self._pending else 0
-            if not busy:
-                self._idle.set()
-
     async def aclose(self) -> None:
-        """Commit what is pending, then stop the flusher."""
+        """Wait until what was emitted is committed (then stop this log's own writer, if any)."""
         try:
-            if self._flusher is not None and not self._flusher.done():
-                await self.wait_for_idle()
+            await self._idle.wait()  # a failure was already raised to whoever emitted
         finally:
-            if self._flusher is not None:
-                self._flusher.cancel()
-                try:
-                    await self._flusher
-                except asyncio.CancelledError:
-                    if (task := asyncio.current_task()) is not None and task.cancelling():
-                        raise
+            if self._own_writer:
+                await self._writer.aclose()

@@ -1,14 +1,22 @@
 """One writer for the events of every run in the process: group commit across runs.
 
-Each run's :class:`~._eventlog.EventLog` hands its batches here instead of opening its own
-transaction. The writer commits everything that is waiting, from every run, in one
-transaction, then wakes each log, which publishes its batch (so an event is still durable
-before anyone sees it). While a commit is in flight, new batches wait and go together in the
-next one; the first batch after an idle moment is committed at once. With hundreds of runs
-streaming, that is one transaction per commit latency instead of one per run per token, and on
+A run's :class:`~._eventlog.EventLog` queues its events and asks this writer to commit them
+(:meth:`GroupCommit.schedule`); it has no task of its own. The writer's one task takes what
+every waiting log has queued, commits all of it in one transaction, and only then hands each
+log its batch back to publish (so an event is still durable before anyone sees it). While a
+commit is in flight, new events wait and go together in the next one; the first events after
+an idle moment are committed at once. With hundreds of runs streaming, that is one
+transaction and one task wake-up per commit latency, instead of one per run per token, and on
 SQLite one turn of the write lock instead of hundreds.
 
-A commit that fails is retried run by run, so one run's bad batch (a seq another process took
+Under a sustained burst (events arrived during each of the last two commits) a small
+transaction waits up to ``_BURST_LINGER_S`` for more, as PostgreSQL's ``commit_delay`` does:
+a transaction costs the event loop far more than an event does, so committing a burst a few
+events at a time would spend the loop on transactions instead of on the streams
+(``benchmarks/stream_throughput.py``). Events after an idle moment never wait, nor do the ones
+right after them (a run's first tokens, arriving while its ``status`` event commits).
+
+A commit that fails is retried log by log, so one run's bad batch (a seq another process took
 first) fails only that run's log, not every run that shared the transaction.
 """
 
@@ -16,85 +24,102 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import EventLogFailed
-from ..events import StoredEvent
 from ..store import Store
+
+if TYPE_CHECKING:
+    from ..events import StoredEvent
+    from ._eventlog import EventLog
 
 __all__ = ["GroupCommit"]
 
 log = logging.getLogger("tether.runtime")
 
-_Waiting = tuple[str, Sequence[StoredEvent], "asyncio.Future[None]"]
+#: How long a small transaction waits for more during a sustained burst, and what counts as small.
+_BURST_LINGER_S = 0.001
+_BURST_EVENTS = 256
 
 
 class GroupCommit:
-    """Commits the batches of all runs' event logs, many runs per transaction."""
+    """Commits the queued events of all runs' event logs, many runs per transaction."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._waiting: list[_Waiting] = []
+        #: Logs with queued events, in the order they asked (a dict as an ordered set).
+        self._waiting: dict[EventLog, None] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        #: Transactions committed and batches they carried (counters for ``/metrics``).
+        #: Transactions committed and the run batches they carried (counters for tests and benchmarks).
         self.transactions = 0
         self.batches = 0
 
     def start(self) -> None:
         """Start the writer task (owned by this object; stopped by :meth:`aclose`)."""
-        self._task = asyncio.create_task(self._write_loop(), name="group-commit")
+        if self._task is None:
+            self._task = asyncio.create_task(self._write_loop(), name="group-commit")
 
-    async def append(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
-        """Return once ``batch`` is committed; raise what the commit raised if it failed.
-
-        Cancelling the caller does not take the batch back: like a cancelled database call,
-        it may still be committed.
-        """
-        if self._task is None or self._task.done():
-            await self._store.append_events(run_id, batch)  # no writer running: commit alone
+    def schedule(self, event_log: EventLog) -> None:
+        """``event_log`` has queued events: commit them with the next transaction."""
+        if self._task is None:
+            self.start()  # first use, e.g. a runtime driven without start()
+        elif self._task.done():
+            event_log.failed(EventLogFailed("the event writer has stopped"))
             return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((run_id, batch, done))
+        self._waiting[event_log] = None
         self._wakeup.set()
-        await done
 
     async def _write_loop(self) -> None:
+        busy = 0  # how many commits in a row had events arriving while they were in flight
         try:
             while True:
                 await self._wakeup.wait()
+                if busy >= 2 and sum(len(waiting.pending) for waiting in self._waiting) < _BURST_EVENTS:
+                    await asyncio.sleep(_BURST_LINGER_S)
                 self._wakeup.clear()
-                waiting, self._waiting = self._waiting, []
-                if waiting:
-                    await self._commit(waiting)
+                logs, self._waiting = list(self._waiting), {}
+                work = [(event_log, batch) for event_log in logs if (batch := event_log.take())]
+                if work:
+                    await self._commit(work)
+                busy = busy + 1 if self._waiting else 0
         finally:
             # Stopped (the runtime is closing): nobody will commit what still waits.
-            for _run_id, _batch, done in [*self._waiting]:
-                _settle(done, EventLogFailed("the event writer stopped"))
-            self._waiting = []
+            for event_log in self._waiting:
+                event_log.failed(EventLogFailed("the event writer stopped"))
+            self._waiting = {}
 
-    async def _commit(self, waiting: list[_Waiting]) -> None:
+    async def _commit(self, work: list[tuple[EventLog, list[StoredEvent]]]) -> None:
         try:
-            await self._store.append_event_batches([(run_id, batch) for run_id, batch, _ in waiting])
+            await self._store.append_event_batches([(event_log.run_id, batch) for event_log, batch in work])
         except asyncio.CancelledError:
-            for _run_id, _batch, done in waiting:
-                _settle(done, EventLogFailed("the event writer stopped"))
+            for event_log, _batch in work:
+                event_log.failed(EventLogFailed("the event writer stopped"))
             raise
         except Exception:
-            if len(waiting) > 1:
-                log.info("a commit of %d runs' events failed; committing them one run at a time", len(waiting))
-            for run_id, batch, done in waiting:
-                try:
-                    await self._store.append_events(run_id, batch)
-                except Exception as exc:
-                    _settle(done, exc)
-                else:
-                    _settle(done, None)
+            if len(work) > 1:
+                log.info("a commit of %d runs' events failed; committing them one run at a time", len(work))
+            await self._commit_one_by_one(work)
             return
         self.transactions += 1
-        self.batches += len(waiting)
-        for _run_id, _batch, done in waiting:
-            _settle(done, None)
+        self.batches += len(work)
+        for event_log, batch in work:
+            event_log.committed(batch)
+
+    async def _commit_one_by_one(self, work: list[tuple[EventLog, list[StoredEvent]]]) -> None:
+        for done, (event_log, batch) in enumerate(work):
+            try:
+                await self._store.append_events(event_log.run_id, batch)
+            except asyncio.CancelledError:
+                for rest, _batch in work[done:]:
+                    rest.failed(EventLogFailed("the event writer stopped"))
+                raise
+            except Exception as exc:
+                event_log.failed(exc)
+            else:
+                self.transactions += 1
+                self.batches += 1
+                event_log.committed(batch)
 
     async def aclose(self) -> None:
         """Stop the writer; call it after every event log using it has closed."""
@@ -106,12 +131,3 @@ class GroupCommit:
         except asyncio.CancelledError:
             if (task := asyncio.current_task()) is not None and task.cancelling():
                 raise
-
-
-def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
-    if done.done():
-        return  # its waiter was cancelled
-    if error is None:
-        done.set_result(None)
-    else:
-        done.set_exception(error)

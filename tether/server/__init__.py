@@ -10,6 +10,7 @@ every route); what they may see and do, by ``_access``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, get_args
@@ -28,7 +29,7 @@ from ._auth import Authenticate, AuthMode, principal_of
 from ._deps import caller_of, request_buckets_of
 from ._errors import install_error_handlers
 from ._guard import RefuseNul
-from ._limits import BodyLimit, Limits, StreamSlots, TokenBuckets, check_rate
+from ._limits import RUN_ADMISSION, BodyLimit, Limits, StreamSlots, TokenBuckets, check_rate
 from ._openapi import ERROR_RESPONSES
 from ._ui import install_ui
 
@@ -105,6 +106,7 @@ def create_app(
     app.state.request_buckets = TokenBuckets(limits.requests_per_minute)
     app.state.run_start_buckets = TokenBuckets(limits.run_starts_per_minute)
     app.state.stream_slots = StreamSlots(limits.max_streams_per_caller, limits.max_streams)
+    app.state.run_admission = asyncio.Semaphore(RUN_ADMISSION)
     install_error_handlers(app)
     # The last added runs first: CORS (answers preflights, which carry no key), then NUL, then who.
     app.add_middleware(Authenticate, mode=auth)

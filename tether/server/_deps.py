@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import Request
 
 from ..runtime import Runtime
@@ -68,3 +70,9 @@ def stream_slots_of(request: Request) -> StreamSlots:
     """Open event streams, per caller and in total."""
     slots: StreamSlots = request.app.state.stream_slots
     return slots
+
+
+def run_admission_of(request: Request) -> asyncio.Semaphore:
+    """How many run starts may be under way at once in this process (``RUN_ADMISSION``)."""
+    admission: asyncio.Semaphore = request.app.state.run_admission
+    return admission

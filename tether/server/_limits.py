@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..errors import LimitExceeded, Overloaded, PayloadTooLarge
 from ._errors import error_response
 
-__all__ = ["Limits", "TokenBuckets", "StreamSlots", "BodyLimit"]
+__all__ = ["RUN_ADMISSION", "Limits", "TokenBuckets", "StreamSlots", "BodyLimit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +89,13 @@ class TokenBuckets:
         while len(self._buckets) > self._max_keys:
             self._buckets.popitem(last=False)
         return wait
+
+
+#: Run starts under way at once in one process (their reads and the transaction that creates
+#: the run). More wait their turn before touching the database, so that a crowd of new runs
+#: (hundreds of requests in the same moment) does not queue the writes and connections of the
+#: runs already under way behind all of its own: those keep streaming while the crowd is let in.
+RUN_ADMISSION = 8
 
 
 def check_rate(buckets: TokenBuckets, key: str, what: str) -> None:

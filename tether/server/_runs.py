@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import InvalidRequest, LimitExceeded
-from ._deps import access_of, actor_of, caller_of, limits_of, run_start_buckets_of, runtime_of, sse_ping_s_of, store_of, stream_slots_of
+from ._deps import access_of, actor_of, caller_of, limits_of, run_admission_of, run_start_buckets_of, runtime_of, sse_ping_s_of, store_of, stream_slots_of
 from ._limits import check_rate
 from ._openapi import EVENT_STREAM
 from ._schemas import CancelRun, CreateRun, SteeringMessage
@@ -35,32 +35,35 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
     ``too_many_active_runs`` while the caller has as many runs active as allowed.
     """
     runtime = runtime_of(request)
-    await access_of(request).thread(thread_id, to="write")
-    caller = caller_of(request)
-    check_rate(run_start_buckets_of(request), caller, "run starts")
-    limit = limits_of(request).max_active_runs_per_caller
-    active = await store_of(request).count_active_runs(requested_by=caller)
-    if active >= limit:
-        raise LimitExceeded(
-            f"you already have {active} runs queued or running; at most {limit} at once",
-            code="too_many_active_runs",
-            retry_after_s=5.0,
-            details={"limit": limit},
-        )
-    release = stream_slots_of(request).acquire(caller) if wants_event_stream(request) else None
-    try:
-        run = await runtime.start_run(
-            thread_id,
-            content=body.input.content if body.input is not None else None,
-            parent_id=body.parent_id,
-            use_active_leaf="parent_id" not in body.model_fields_set,
-            config=body.config,
-            requester=caller,
-        )
-    except BaseException:
-        if release is not None:
-            release()
-        raise
+    # A few run starts at a time: a crowd of new runs must not queue the runs already under
+    # way (their writes and connections) behind all of its own.
+    async with run_admission_of(request):
+        await access_of(request).thread(thread_id, to="write")
+        caller = caller_of(request)
+        check_rate(run_start_buckets_of(request), caller, "run starts")
+        limit = limits_of(request).max_active_runs_per_caller
+        active = await store_of(request).count_active_runs(requested_by=caller)
+        if active >= limit:
+            raise LimitExceeded(
+                f"you already have {active} runs queued or running; at most {limit} at once",
+                code="too_many_active_runs",
+                retry_after_s=5.0,
+                details={"limit": limit},
+            )
+        release = stream_slots_of(request).acquire(caller) if wants_event_stream(request) else None
+        try:
+            run = await runtime.start_run(
+                thread_id,
+                content=body.input.content if body.input is not None else None,
+                parent_id=body.parent_id,
+                use_active_leaf="parent_id" not in body.model_fields_set,
+                config=body.config,
+                requester=caller,
+            )
+        except BaseException:
+            if release is not None:
+                release()
+            raise
     headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
     if release is not None:
         return sse_response(store_of(request), runtime.bus, run.id, after_seq=0, release=release, ping_s=sse_ping_s_of(request), headers=headers)
