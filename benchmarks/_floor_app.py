@@ -98,7 +98,8 @@ class _Events:
             seq += 3
         self.tokens = [_event(run_id, seq + n, "token", {"message_id": self.message_id, "text": f"t{n + 1} "}) for n in range(tokens)]
         self.next_seq = seq + tokens
-        self.done = _event(run_id, self.next_seq, "done", {"message_id": self.message_id})
+        # As Tether's: the scripted model reports no token counts, so its usage is zero.
+        self.done = _event(run_id, self.next_seq, "done", {"message_id": self.message_id, "usage": {"input_tokens": 0, "output_tokens": 0}})
 
     def cancelled(self, seq: int) -> bytes:
         return _event(self.run_id, seq, "cancelled", {"mode": "soft", "reason": None, "actor": "local", "partial_message_id": self.message_id})
