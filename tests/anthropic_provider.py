@@ -24,20 +24,15 @@ recorded as a :class:`~tests.openai_provider.Disconnect` with the frames sent so
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Self
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
-import uvicorn
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
-from .openai_provider import Disconnect, FakeToolCall, _split
+from .openai_provider import FakeToolCall, ServedDouble, _split
 
 __all__ = ["FakeAnthropic", "Turn", "long_turn"]
 
@@ -76,92 +71,18 @@ def long_turn(chunks: int = 10_000, delay_s: float = 0.005) -> Turn:
     return Turn(text=[f"t{n} " for n in range(1, chunks + 1)], delay_s=delay_s)
 
 
-@dataclass
-class _State:
-    turns: list[Turn] = field(default_factory=list)
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    arrivals: list[float] = field(default_factory=list)
-    disconnects: list[Disconnect] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    disconnected: threading.Condition = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.disconnected = threading.Condition(self.lock)
-
-
-class FakeAnthropic:
+class FakeAnthropic(ServedDouble[Turn]):
     """An Anthropic Messages API server for tests: ``with FakeAnthropic() as provider: ...``."""
 
-    def __init__(self, turns: Sequence[Turn] = ()) -> None:
-        self._state = _State(turns=list(turns))
-        app = Starlette(routes=[Route("/v1/messages", self._messages, methods=["POST"])])
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical", lifespan="off", timeout_graceful_shutdown=1)
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
-        self.base_url = ""
+    path = "/v1/messages"
+    thread_name = "fake-anthropic"
 
-    def start(self) -> Self:
-        """Start serving in a background thread; returns once the port is known."""
-        self._thread = threading.Thread(target=self._server.run, name="fake-anthropic", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("fake provider did not start")
-            time.sleep(0.005)
-        port = self._server.servers[0].sockets[0].getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{port}"
-        return self
+    def default_turn(self) -> Turn:
+        return Turn(text=["ok"])
 
-    def stop(self) -> None:
-        """Stop the server and wait for its thread."""
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def add(self, *turns: Turn) -> None:
-        """Queue answers for the next requests."""
-        with self._state.lock:
-            self._state.turns.extend(turns)
-
-    @property
-    def requests(self) -> list[dict[str, Any]]:
-        """The JSON bodies received so far, oldest first."""
-        with self._state.lock:
-            return list(self._state.requests)
-
-    @property
-    def arrivals(self) -> list[float]:
-        """``time.monotonic()`` at each request's arrival, oldest first."""
-        with self._state.lock:
-            return list(self._state.arrivals)
-
-    @property
-    def disconnects(self) -> list[Disconnect]:
-        """The disconnects noticed so far, oldest first."""
-        with self._state.lock:
-            return list(self._state.disconnects)
-
-    def wait_for_disconnect(self, timeout: float) -> Disconnect:
-        """Block until a client disconnect mid-stream is noticed; the first one. Raises on timeout."""
-        with self._state.disconnected:
-            if not self._state.disconnected.wait_for(lambda: self._state.disconnects, timeout=timeout):
-                raise TimeoutError(f"the fake provider saw no disconnect within {timeout} s")
-            return self._state.disconnects[0]
-
-    async def _messages(self, request: Request) -> Response:
+    async def _endpoint(self, request: Request) -> Response:
         body = await request.json()
-        with self._state.lock:
-            self._state.requests.append(body)
-            self._state.arrivals.append(time.monotonic())
-            request_index = len(self._state.requests) - 1
-            turn = self._state.turns.pop(0) if self._state.turns else Turn(text=["ok"])
+        request_index, turn = self._receive(body)
         if turn.error_status is not None:
             headers = {"retry-after": turn.retry_after} if turn.retry_after is not None else None
             error = {"type": "error", "error": {"type": turn.error_type, "message": turn.error_message}}
@@ -191,9 +112,7 @@ class FakeAnthropic:
             finished = True
         finally:
             if not finished:
-                with self._state.disconnected:
-                    self._state.disconnects.append(Disconnect(time.monotonic(), sent, len(frames), request_index))
-                    self._state.disconnected.notify_all()
+                self._disconnected(sent, len(frames), request_index)
 
 
 def _sse(event: str, data: dict[str, Any]) -> str:

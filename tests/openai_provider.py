@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import anyio
 import uvicorn
@@ -36,7 +36,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["Disconnect", "FakeProvider", "FakeToolCall", "Turn", "long_turn"]
+__all__ = ["Disconnect", "FakeProvider", "FakeToolCall", "ServedDouble", "Turn", "long_turn"]
+
+TurnT = TypeVar("TurnT")
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,10 @@ class Disconnect:
 
 
 @dataclass
-class _State:
-    turns: list[Turn] = field(default_factory=list)
+class _State(Generic[TurnT]):
+    turns: list[TurnT] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
     disconnects: list[Disconnect] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     disconnected: threading.Condition = field(init=False)
@@ -100,12 +103,22 @@ class _State:
         self.disconnected = threading.Condition(self.lock)
 
 
-class FakeProvider:
-    """An OpenAI-compatible HTTP server for tests: ``with FakeProvider() as provider: ...``."""
+class ServedDouble(Generic[TurnT]):
+    """What every provider double shares: a real HTTP server in a background thread, a queue
+    of programmed turns, and the record of requests, arrival times and client disconnects.
 
-    def __init__(self, turns: Sequence[Turn] = ()) -> None:
-        self._state = _State(turns=list(turns))
-        app = Starlette(routes=[Route("/v1/chat/completions", self._chat_completions, methods=["POST"])])
+    A subclass names its ``path``, the ``url_suffix`` its clients put after the host, its
+    ``default_turn`` (when the programmed turns run out), and serves requests in ``_endpoint``,
+    taking each request's turn with :meth:`_receive`.
+    """
+
+    path: ClassVar[str]
+    url_suffix: ClassVar[str] = ""
+    thread_name: ClassVar[str] = "fake-provider"
+
+    def __init__(self, turns: Sequence[TurnT] = ()) -> None:
+        self._state: _State[TurnT] = _State(turns=list(turns))
+        app = Starlette(routes=[Route(self.path, self._endpoint, methods=["POST"])])
         config = uvicorn.Config(
             app,
             host="127.0.0.1",
@@ -119,19 +132,25 @@ class FakeProvider:
         self._thread: threading.Thread | None = None
         self.base_url = ""
 
+    def default_turn(self) -> TurnT:
+        raise NotImplementedError
+
+    async def _endpoint(self, request: Request) -> Response:
+        raise NotImplementedError
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> Self:
         """Start serving in a background thread; returns once the port is known."""
-        self._thread = threading.Thread(target=self._server.run, name="fake-openai-provider", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, name=self.thread_name, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("fake provider did not start")
-            time.sleep(0.005)
+            time.sleep(0.005)  # a thread's start-up, polled from the test's thread
         port = self._server.servers[0].sockets[0].getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.base_url = f"http://127.0.0.1:{port}{self.url_suffix}"
         return self
 
     def stop(self) -> None:
@@ -148,7 +167,7 @@ class FakeProvider:
 
     # -- programming and inspecting ----------------------------------------------------
 
-    def add(self, *turns: Turn) -> None:
+    def add(self, *turns: TurnT) -> None:
         """Queue answers for the next requests."""
         with self._state.lock:
             self._state.turns.extend(turns)
@@ -158,6 +177,12 @@ class FakeProvider:
         """The JSON bodies received so far, oldest first."""
         with self._state.lock:
             return list(self._state.requests)
+
+    @property
+    def arrivals(self) -> list[float]:
+        """``time.monotonic()`` at each request's arrival, oldest first."""
+        with self._state.lock:
+            return list(self._state.arrivals)
 
     @property
     def disconnects(self) -> list[Disconnect]:
@@ -172,14 +197,36 @@ class FakeProvider:
                 raise TimeoutError(f"the fake provider saw no disconnect within {timeout} s")
             return self._state.disconnects[0]
 
-    # -- the endpoint ------------------------------------------------------------------
-
-    async def _chat_completions(self, request: Request) -> Response:
-        body = await request.json()
+    def _receive(self, body: dict[str, Any]) -> tuple[int, TurnT]:
+        """Record a request; its index and the turn that answers it."""
         with self._state.lock:
             self._state.requests.append(body)
-            request_index = len(self._state.requests) - 1
-            turn = self._state.turns.pop(0) if self._state.turns else Turn(text=["ok"])
+            self._state.arrivals.append(time.monotonic())
+            turn = self._state.turns.pop(0) if self._state.turns else self.default_turn()
+            return len(self._state.requests) - 1, turn
+
+    def _disconnected(self, sent: int, total: int, request_index: int) -> None:
+        """Record that the client went away after ``sent`` of ``total`` chunks."""
+        with self._state.disconnected:
+            self._state.disconnects.append(Disconnect(time.monotonic(), sent, total, request_index))
+            self._state.disconnected.notify_all()
+
+
+class FakeProvider(ServedDouble[Turn]):
+    """An OpenAI-compatible HTTP server for tests: ``with FakeProvider() as provider: ...``."""
+
+    path = "/v1/chat/completions"
+    url_suffix = "/v1"
+    thread_name = "fake-openai-provider"
+
+    def default_turn(self) -> Turn:
+        return Turn(text=["ok"])
+
+    # -- the endpoint ------------------------------------------------------------------
+
+    async def _endpoint(self, request: Request) -> Response:
+        body = await request.json()
+        request_index, turn = self._receive(body)
         if turn.error_status is not None:
             error = {"message": turn.error_message, "type": "fake_error", "code": str(turn.error_status)}
             headers = {"retry-after": turn.retry_after} if turn.retry_after is not None else None
@@ -210,9 +257,7 @@ class FakeProvider:
             # Reached by return above, or by cancellation when Starlette's disconnect listener
             # hears http.disconnect first.
             if not finished:
-                with self._state.disconnected:
-                    self._state.disconnects.append(Disconnect(time.monotonic(), sent, len(chunks), request_index))
-                    self._state.disconnected.notify_all()
+                self._disconnected(sent, len(chunks), request_index)
 
 
 class _DropConnection(Exception):
