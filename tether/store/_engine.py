@@ -93,12 +93,14 @@ class StoreBase:
         await self._under_schema_lock(upgrade)
 
     async def _schema_revision(self) -> str | None:
-        """The revision Alembic recorded in the database; None before the first migration."""
-        async with self._reading() as conn:
-            try:
+        """The revision Alembic recorded in the database; None before the first migration, or
+        when it cannot be told yet (another store is creating the database this moment: then
+        the migration path, under the schema lock, finds out)."""
+        try:
+            async with self._reading() as conn:
                 return (await conn.exec_driver_sql("SELECT version_num FROM alembic_version")).scalar()
-            except sa.exc.DBAPIError:
-                return None  # no such table yet
+        except sa.exc.DBAPIError:
+            return None  # no such table yet, or the new database is locked by its creator
 
     async def create_tables(self, metadata: sa.MetaData) -> None:
         """Create an agent's own tables if missing (safe when several processes start at once)."""
