@@ -17,6 +17,7 @@ scripted model costs nothing, and an adapter whose extra is not installed fails 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from ..errors import ModelConfigError
@@ -79,3 +80,12 @@ def _llamacpp(path: Path) -> Model:
 def _require(module: str, package: str, how: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise ModelConfigError(f"this model needs the {package} package, which is not installed: {how}")
+
+
+def env_setting(*names: str) -> str | None:
+    """An adapter's setting from the environment: the first of ``names`` that is set and not empty."""
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None

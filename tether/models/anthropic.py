@@ -39,7 +39,6 @@ client itself never retries (``max_retries=0``): :mod:`tether.models._retry` dec
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -51,6 +50,7 @@ import httpx2
 
 from ..errors import ModelError
 from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolSpec
+from ._registry import env_setting
 from ._retry import retry_after_seconds
 
 __all__ = ["AnthropicModel"]
@@ -59,14 +59,6 @@ DEFAULT_MODEL = "claude-sonnet-4-5"
 DEFAULT_MAX_TOKENS = 4096
 #: How many assistant turns' signed thinking blocks are remembered (see the module docs).
 _THINKING_MEMORY = 256
-
-
-def _env(*names: str) -> str | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
 
 
 class AnthropicModel:
@@ -84,9 +76,9 @@ class AnthropicModel:
         timeout: float = 60.0,
     ) -> None:
         #: The model name sent with every request.
-        self.model = model or _env("TETHER_ANTHROPIC_MODEL") or DEFAULT_MODEL
+        self.model = model or env_setting("TETHER_ANTHROPIC_MODEL") or DEFAULT_MODEL
         #: The API's base URL (``None`` means Anthropic's own).
-        self.base_url = base_url or _env("TETHER_ANTHROPIC_BASE_URL", "ANTHROPIC_BASE_URL")
+        self.base_url = base_url or env_setting("TETHER_ANTHROPIC_BASE_URL", "ANTHROPIC_BASE_URL")
         #: The most tokens one call may generate (the API requires a bound).
         self.max_tokens = max_tokens
         #: Extended thinking's token budget; ``None`` turns thinking off.
@@ -94,7 +86,7 @@ class AnthropicModel:
         #: Sampling temperature; ``None`` leaves it to the provider.
         self.temperature = temperature
         self._client = anthropic.AsyncAnthropic(
-            api_key=api_key or _env("TETHER_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY"),
+            api_key=api_key or env_setting("TETHER_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY"),
             base_url=self.base_url,
             timeout=timeout,
             max_retries=0,

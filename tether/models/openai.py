@@ -44,7 +44,6 @@ use one ``OpenAIModel`` per event loop, and :meth:`OpenAIModel.aclose` it when d
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ import openai
 
 from ..errors import ModelError
 from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolSpec
+from ._registry import env_setting
 from ._retry import retry_after_seconds
 
 __all__ = ["OpenAIModel"]
@@ -66,14 +66,6 @@ DEFAULT_MODEL = "gpt-4o-mini"
 PLACEHOLDER_API_KEY = "not-needed"
 # Non-standard delta fields that carry reasoning, in order of preference.
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
-
-
-def _env(*names: str) -> str | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
 
 
 class OpenAIModel:
@@ -92,9 +84,9 @@ class OpenAIModel:
         tool_choice: str | dict[str, Any] | None = "auto",
     ) -> None:
         #: The model name sent with every request.
-        self.model = model or _env("TETHER_OPENAI_MODEL") or DEFAULT_MODEL
+        self.model = model or env_setting("TETHER_OPENAI_MODEL") or DEFAULT_MODEL
         #: The endpoint's base URL (``None`` means OpenAI's own).
-        self.base_url = base_url or _env("TETHER_OPENAI_BASE_URL", "OPENAI_BASE_URL")
+        self.base_url = base_url or env_setting("TETHER_OPENAI_BASE_URL", "OPENAI_BASE_URL")
         #: Sampling temperature; ``None`` leaves it to the provider.
         self.temperature = temperature
         #: Ask for the usage chunk at the end of the stream (``stream_options.include_usage``).
@@ -104,7 +96,7 @@ class OpenAIModel:
         #: ``{"type": "function", "function": {"name": …}}`` makes the model call that tool.
         self.tool_choice = tool_choice
         self._client = openai.AsyncOpenAI(
-            api_key=api_key or _env("TETHER_OPENAI_API_KEY", "OPENAI_API_KEY") or PLACEHOLDER_API_KEY,
+            api_key=api_key or env_setting("TETHER_OPENAI_API_KEY", "OPENAI_API_KEY") or PLACEHOLDER_API_KEY,
             base_url=self.base_url,
             timeout=timeout,
             max_retries=max_retries,
