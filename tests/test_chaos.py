@@ -105,11 +105,24 @@ async def review(cluster: Cluster, runs: dict[str, dict[str, Any]], stop: asynci
         await asyncio.sleep(0.1)
 
 
+async def executing_runs(server: ServerProcess) -> float:
+    """How many runs ``server`` executes right now (its ``/metrics``); 0 if it does not answer."""
+    try:
+        async with httpx.AsyncClient(timeout=2) as http:
+            text = (await http.get(f"{server.url}/metrics")).text
+    except httpx.TransportError:
+        return 0
+    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith("tether_executing_runs ")), 0)
+
+
 async def chaos_monkey(cluster: Cluster, rng: random.Random, rounds: int) -> None:
-    """Kill a random process with SIGKILL, then bring it back, a few times."""
+    """Kill a process with SIGKILL, then bring it back, a few times: one that is executing runs
+    at that moment when there is one (so that kills find runs in flight), else a random one."""
     for _ in range(rounds):
         await asyncio.sleep(1.0 + rng.random() * 2.0)
-        victim = rng.randrange(len(cluster.servers))
+        busy = [(await executing_runs(server), i) for i, server in enumerate(cluster.servers) if i not in cluster.down]
+        most, busiest = max(busy)
+        victim = busiest if most > 0 else rng.randrange(len(cluster.servers))
         if len(cluster.down) or victim in cluster.down:
             continue
         cluster.down.add(victim)
