@@ -159,7 +159,8 @@ class Server:
         raise RuntimeError(f"{self.name} did not start; its log:\n{self.log_tail(3000)}")
 
     def log_tail(self, chars: int = 2000) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def stop(self) -> None:

@@ -1,8 +1,10 @@
 """The store's engine: database URLs, connections, SQLite settings, and migrations at open.
 
-One code path for SQLite (the embedded default) and PostgreSQL: SQLAlchemy Core over an async
-driver. SQLite has one writer at a time; the store serialises its own write transactions with a
-lock (as Datasette does) instead of letting them collide on ``SQLITE_BUSY``. Readers never wait.
+One code path for SQLite (the embedded default) and PostgreSQL: SQLAlchemy Core. PostgreSQL goes
+through its async driver (asyncpg). SQLite has one writer at a time; the store serialises its own
+write transactions with a lock (as Datasette does) instead of letting them collide on
+``SQLITE_BUSY``, runs them on the event loop's thread and its reads in a few threads (``_sqlite``
+says why). Readers never wait.
 
 Several stores may open one database at once (server processes starting together): the schema
 is migrated under a lock, in the database and in the process, so exactly one of them creates it.
@@ -24,8 +26,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._ids import new_id, utcnow
 from ..errors import Overloaded
+from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 
-__all__ = ["StoreBase", "normalize_db_url"]
+__all__ = ["StoreBase", "normalize_db_url", "Writing", "Reading"]
+
+#: What a store operation writes through: the inline SQLite writer, or a PostgreSQL connection.
+Writing = InlineWriter | AsyncConnection
+#: What a store operation reads through.
+Reading = ThreadedReader | InlineReader | InlineWriter | AsyncConnection
 
 
 def normalize_db_url(url: str) -> str:
@@ -43,6 +51,9 @@ class StoreBase:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.is_sqlite = engine.dialect.name == "sqlite"
+        #: SQLite: the store's own synchronous connections (``_sqlite``), opened once the schema
+        #: is there; the async engine then only serves migrations and agents' own tables.
+        self._sqlite: SQLiteConnections | None = None
         #: This process's identity: it owns the runs it executes (``runs.executor_id``) and
         #: tags its notifications so it can ignore its own.
         self.instance_id = new_id("proc")
@@ -67,9 +78,11 @@ class StoreBase:
             kwargs.update(pool_size=5, max_overflow=10, pool_pre_ping=True)
         engine = create_async_engine(url, **kwargs)
         if engine.dialect.name == "sqlite":
-            sa_event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+            sa_event.listen(engine.sync_engine, "connect", sqlite_pragmas(busy_timeout_s=30.0))
         store = cls(engine)
         await store.migrate()
+        if store.is_sqlite:
+            store._sqlite = SQLiteConnections(url)
         return store
 
     async def migrate(self) -> None:
@@ -97,7 +110,7 @@ class StoreBase:
         when it cannot be told yet (another store is creating the database this moment: then
         the migration path, under the schema lock, finds out)."""
         try:
-            async with self._reading() as conn:
+            async with self._async_reading() as conn:
                 return (await conn.exec_driver_sql("SELECT version_num FROM alembic_version")).scalar()
         except sa.exc.DBAPIError:
             return None  # no such table yet, or the new database is locked by its creator
@@ -108,7 +121,7 @@ class StoreBase:
 
     async def _under_schema_lock(self, fn: Callable[[sa.Connection], Any]) -> None:
         async with _process_migration_lock():
-            async with self._writing() as conn:
+            async with self._async_writing() as conn:
                 if self.is_sqlite:
                     # The write lock now, before anything reads the schema (pysqlite would
                     # only BEGIN at the first DML, leaving DDL in autocommit).
@@ -118,30 +131,53 @@ class StoreBase:
                 await conn.run_sync(fn)
 
     async def aclose(self) -> None:
-        """Dispose of the connection pool."""
+        """Close the connections."""
+        if self._sqlite is not None:
+            await asyncio.to_thread(self._sqlite.close)
         await self.engine.dispose()
 
     # -- connections -----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _writing(self) -> AsyncIterator[AsyncConnection]:
+    async def _writing(self) -> AsyncIterator[Writing]:
+        """A write transaction for the store's own operations."""
+        if self._sqlite is None:
+            async with self._async_writing() as conn:
+                yield conn
+            return
+        assert self._write_lock is not None
+        async with self._write_lock:
+            with self._sqlite.writing() as writer:
+                yield writer
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[Reading]:
+        """Reads for the store's own operations (each statement sees the newest commit)."""
+        if self._sqlite is not None:
+            yield self._sqlite.reader()
+            return
+        async with self._async_reading() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def _async_writing(self) -> AsyncIterator[AsyncConnection]:
         async with contextlib.AsyncExitStack() as stack:
             if self._write_lock is not None:
                 await stack.enter_async_context(self._write_lock)
             yield await _checked_out(stack, self.engine.begin())
 
     @contextlib.asynccontextmanager
-    async def _reading(self) -> AsyncIterator[AsyncConnection]:
+    async def _async_reading(self) -> AsyncIterator[AsyncConnection]:
         async with contextlib.AsyncExitStack() as stack:
             yield await _checked_out(stack, self.engine.connect())
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A write transaction (serialised on SQLite), for an agent's own tables."""
-        return self._writing()
+        return self._async_writing()
 
     def connection(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A read connection, for an agent's own tables."""
-        return self._reading()
+        return self._async_reading()
 
     # -- this process's claim on a run -----------------------------------------------------
 
@@ -177,15 +213,6 @@ async def _process_migration_lock() -> AsyncIterator[None]:
         yield
     finally:
         _MIGRATION_LOCK.release()
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
 
 
 async def _checked_out(stack: contextlib.AsyncExitStack, connecting: contextlib.AbstractAsyncContextManager[AsyncConnection]) -> AsyncConnection:

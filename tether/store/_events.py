@@ -13,11 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..events import StoredEvent
 from . import _notify as channels
-from ._engine import StoreBase
+from ._engine import Reading, StoreBase, Writing
 from ._tables import events
 
 __all__ = ["EventStore"]
@@ -65,14 +64,14 @@ class EventStore(StoreBase):
 
     # -- inside other transactions ---------------------------------------------------------
 
-    async def _write_events(self, conn: AsyncConnection, run_id: str, batch: Sequence[StoredEvent]) -> None:
+    async def _write_events(self, conn: Writing, run_id: str, batch: Sequence[StoredEvent]) -> None:
         """Insert ``batch`` in the caller's transaction and announce it on commit."""
         await conn.execute(events.insert(), [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for e in batch])
         if not self.is_sqlite:
             await _notify(conn, channels.EVENTS_CHANNEL, channels.events_payload(self.instance_id, run_id, batch[-1].seq))
 
     @staticmethod
-    async def _next_seq(conn: AsyncConnection, run_id: str) -> int:
+    async def _next_seq(conn: Reading, run_id: str) -> int:
         """The seq the run's next event gets, read in the caller's transaction."""
         return await _last_seq(conn, run_id) + 1
 
@@ -86,16 +85,16 @@ _READ_EVENTS = (
 )
 
 
-async def _last_seq(conn: AsyncConnection, run_id: str) -> int:
+async def _last_seq(conn: Reading, run_id: str) -> int:
     value = (await conn.execute(sa.select(sa.func.max(events.c.seq)).where(events.c.run_id == run_id))).scalar()
     return int(value or 0)
 
 
-async def _notify(conn: AsyncConnection, channel: str, payload: str) -> None:
+async def _notify(conn: Writing, channel: str, payload: str) -> None:
     await conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
 
 
-async def _notify_many(conn: AsyncConnection, payloads: Sequence[str]) -> None:
+async def _notify_many(conn: Writing, payloads: Sequence[str]) -> None:
     """One ``tether_events`` notification per payload, sent in one statement."""
     if len(payloads) == 1:
         await _notify(conn, channels.EVENTS_CHANNEL, payloads[0])
@@ -112,7 +111,7 @@ _EVENT_COLUMNS = ("run_id", "seq", "type", "envelope")
 _SQLITE_EVENT_ROWS_PER_INSERT = min(_SQLITE_MAX_VARIABLES // len(_EVENT_COLUMNS), 2000)
 
 
-async def _insert_events_sqlite(conn: AsyncConnection, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
+async def _insert_events_sqlite(conn: Writing, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
     """Insert a batch with one multi-row ``INSERT`` per chunk, not an ``executemany``.
 
     aiosqlite runs SQLite in its own thread, and ``executemany`` binds and steps row by row,

@@ -17,11 +17,11 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._ids import new_id, utcnow
 from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadBusy
 from ..events import Envelope, RunStarted, StoredEvent
+from ._engine import Writing
 from ._events import EventStore
 from ._records import (
     ACTIVE_RUN_STATUSES,
@@ -320,7 +320,7 @@ def _values(statuses: Iterable[str]) -> list[str]:
     return [str(status) for status in statuses]
 
 
-async def _add_usage(conn: AsyncConnection, run_id: str, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+async def _add_usage(conn: Writing, run_id: str, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
     """Add one model call's tokens to the run's usage, in the caller's transaction. Only the
     run's executor writes it, one call at a time, so a read-modify-write is enough."""
     current = (await conn.execute(sa.select(runs.c.usage).where(runs.c.id == run_id))).scalar_one_or_none() or {}

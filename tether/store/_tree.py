@@ -12,11 +12,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .._ids import new_id, utcnow
 from ..errors import Conflict, FieldError, InvalidRequest, NotFound, ThreadBusy
-from ._engine import StoreBase
+from ._engine import Reading, StoreBase
 from ._records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
 from ._tables import Hot, has_active_run, messages, threads
 
@@ -245,7 +244,7 @@ class TreeStore(StoreBase):
         return edited
 
 
-async def splits_a_tool_turn(conn: AsyncConnection, parent: MessageRecord) -> bool:
+async def splits_a_tool_turn(conn: Reading, parent: MessageRecord) -> bool:
     """True if ``parent`` is an assistant message with tool calls, or a tool result that is not
     the last of its turn: a message attached there would put a tool call without its result on
     the path, a history no model accepts."""

@@ -1,0 +1,207 @@
+"""SQLite's connections: writes inline on the event loop, reads one hop away in a thread.
+
+Why not the async driver for everything: through aiosqlite every statement is several round
+trips to a thread (cursor, execute, fetch, close), each a wake-up of that thread and then of the
+event loop, and a write transaction holds SQLite's single write lock across all of them. The
+statements themselves take microseconds, and in WAL mode with ``synchronous=NORMAL`` a commit
+does not wait for the disk (only a checkpoint does). So the store's own work goes like this:
+
+- **Writes** run on the event loop's thread over one connection, one transaction at a time
+  (the store's write lock), with no await inside: a run start or a group commit holds the write
+  lock for the microseconds its statements take. That connection never checkpoints the WAL
+  itself (``wal_autocheckpoint=0``): :class:`SQLiteConnections` asks a reader thread to
+  (``PRAGMA wal_checkpoint(PASSIVE)``, which lets writers go on) once the WAL passes
+  :data:`CHECKPOINT_BYTES`, so the loop never waits for an ``fsync``.
+- **Reads** may be long (a 100,000-message path), so they run in a small pool of threads, each
+  with its own connection: one hop per statement, rows fetched in the thread.
+- A ``:memory:`` database exists only inside its one connection: reads run inline on it too.
+
+Agents' own tables (``Store.transaction()`` / ``Store.connection()``) and migrations keep the
+async driver (their callers hold an ``AsyncConnection``), under the same write lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVarTuple, overload
+
+import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult, FrozenResult
+from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.selectable import TypedReturnsRows
+
+__all__ = ["SQLiteConnections", "InlineWriter", "InlineReader", "ThreadedReader", "sqlite_pragmas", "CHECKPOINT_BYTES"]
+
+#: The WAL size past which a background checkpoint copies it into the database (SQLite's own
+#: automatic checkpoint is at about 4 MiB as well: 1,000 pages).
+CHECKPOINT_BYTES = 4 * 1024 * 1024
+#: Threads (each with its connection) that run reads.
+READ_THREADS = 4
+#: How long the inline writer waits for SQLite's lock when another process holds it. It blocks
+#: the event loop meanwhile, so it is short; only a second process writing the same file waits.
+WRITER_BUSY_TIMEOUT_S = 5.0
+
+_Ts = TypeVarTuple("_Ts")
+
+
+class InlineWriter:
+    """The write connection, used directly on the event loop's thread.
+
+    Its methods are coroutines so that store code reads the same on SQLite and PostgreSQL,
+    but they never suspend.
+    """
+
+    def __init__(self, conn: sa.Connection, on_commit: Any) -> None:
+        self._conn = conn
+        self._on_commit = on_commit
+
+    @overload
+    async def execute(self, statement: TypedReturnsRows[*_Ts], parameters: Any = None) -> CursorResult[*_Ts]: ...
+    @overload
+    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[*tuple[Any, ...]]: ...
+    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[*tuple[Any, ...]]:
+        return self._conn.execute(statement, parameters)
+
+    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> CursorResult[*tuple[Any, ...]]:
+        return self._conn.exec_driver_sql(statement, parameters)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[InlineWriter]:
+        with self._conn.begin():
+            yield self
+        self._on_commit()
+
+
+class ThreadedReader:
+    """Runs each read statement in a reader thread and hands back its rows."""
+
+    def __init__(self, connections: SQLiteConnections) -> None:
+        self._connections = connections
+
+    # The results are typed ``Any``: a :class:`~sqlalchemy.engine.Result` over rows already
+    # fetched, used like the ``CursorResult`` of the other connections (SQLAlchemy's stubs do
+    # not let the two unify).
+    async def execute(self, statement: Executable, parameters: Any = None) -> Any:
+        frozen: FrozenResult[*tuple[Any, ...]] = await self._connections.read(lambda conn: conn.execute(statement, parameters).freeze())
+        return frozen()
+
+    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> Any:
+        frozen: FrozenResult[*tuple[Any, ...]] = await self._connections.read(lambda conn: conn.exec_driver_sql(statement, parameters).freeze())
+        return frozen()
+
+
+class InlineReader:
+    """Reads on the writer's own connection (an in-memory database has no other)."""
+
+    def __init__(self, conn: sa.Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, statement: Executable, parameters: Any = None) -> Any:
+        with self._conn.begin():
+            return self._conn.execute(statement, parameters).freeze()()
+
+    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> Any:
+        with self._conn.begin():
+            return self._conn.exec_driver_sql(statement, parameters).freeze()()
+
+
+class SQLiteConnections:
+    """The store's synchronous SQLite connections: one inline writer, a few reader threads."""
+
+    def __init__(self, url: str) -> None:
+        sync_url = sa.engine.make_url(url).set(drivername="sqlite")
+        self.path = sync_url.database or ""
+        self.in_memory = self.path in ("", ":memory:")
+        self._engine = sa.create_engine(
+            sync_url,
+            poolclass=sa.pool.StaticPool if self.in_memory else sa.pool.NullPool,
+            connect_args={"check_same_thread": False, "timeout": WRITER_BUSY_TIMEOUT_S},
+        )
+        sa.event.listen(self._engine, "connect", sqlite_pragmas(busy_timeout_s=WRITER_BUSY_TIMEOUT_S))
+        self._writer_conn = self._engine.connect()
+        self._writer_conn.exec_driver_sql("PRAGMA wal_autocheckpoint=0")
+        self._writer_conn.commit()
+        self.writer = InlineWriter(self._writer_conn, self._after_commit)
+        self._local = threading.local()
+        self._readers: list[sa.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="tether-sqlite-read")
+        self._checkpointing = False
+        self._commits = 0
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[InlineWriter]:
+        """A write transaction on the event loop's thread (the caller holds the write lock)."""
+        with self.writer.transaction() as writer:
+            yield writer
+
+    def reader(self) -> ThreadedReader | InlineReader:
+        """Where reads go: the reader threads, or the one connection of an in-memory database."""
+        return InlineReader(self._writer_conn) if self.in_memory else ThreadedReader(self)
+
+    async def read(self, fn: Any) -> Any:
+        """``fn(connection)`` in a reader thread, on that thread's own connection."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._in_thread, fn)
+
+    def _in_thread(self, fn: Any) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return fn(conn)
+
+    # -- checkpoints off the loop ----------------------------------------------------------
+
+    def _after_commit(self) -> None:
+        self._commits += 1
+        if self._commits % 64 or self._checkpointing or self.in_memory:
+            return
+        try:
+            size = os.stat(self.path + "-wal").st_size
+        except OSError:
+            return
+        if size >= CHECKPOINT_BYTES:
+            self._checkpointing = True
+            future = self._pool.submit(self._in_thread, _checkpoint)
+            future.add_done_callback(self._checkpoint_done)
+
+    def _checkpoint_done(self, _future: Any) -> None:
+        self._checkpointing = False
+
+    def close(self) -> None:
+        """Close every connection (the reader threads end first)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            conn.close()
+        self._writer_conn.close()
+        self._engine.dispose()
+
+
+def _checkpoint(conn: sa.Connection) -> None:
+    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+
+
+def sqlite_pragmas(*, busy_timeout_s: float) -> Callable[[Any, Any], None]:
+    """A ``connect`` listener giving every connection Tether's settings: WAL (readers never
+    wait for the writer), ``synchronous=NORMAL`` (a commit does not wait for the disk; a power
+    cut may lose the last commits but never corrupts), foreign keys, and how long to wait for
+    another connection's lock."""
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cursor.close()
+
+    return on_connect
