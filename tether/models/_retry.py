@@ -17,7 +17,7 @@ blocking a run for an unbounded time.
 **Silence.** A provider that accepts the request and then sends nothing (or stops sending
 mid-stream) would hang a run forever. Every wait for the next delta is bounded by
 ``idle_timeout_s``; past it the call fails with ``model_timeout`` (retried like other faults when
-nothing was streamed yet). The timeout scope wraps only the ``await`` for the next delta, never a
+nothing was streamed yet). The timeout covers only the ``await`` for the next delta, never a
 ``yield``, so it cannot leak into the consumer.
 """
 
@@ -33,6 +33,7 @@ from email.utils import parsedate_to_datetime
 
 import anyio
 
+from .._idle import IdleTimer
 from ..errors import ModelError
 from . import Model, ModelDelta, ModelRequest, Usage
 
@@ -79,22 +80,31 @@ async def stream_with_retries(model: Model, request: ModelRequest, policy: Retry
         attempt += 1
         call = replace(request, usage=Usage())
         streamed = False
+        silence = _Silence(policy.idle_timeout_s) if policy.idle_timeout_s is not None else None
         try:
             async with aclosing(model.stream(call)) as stream:  # type: ignore[type-var]  # Model.stream is an async generator
                 while True:
-                    try:
-                        # asyncio's timeout, not anyio.fail_after: this runs once per delta, and
-                        # a cancel scope costs several times more than the timer it needs.
-                        async with asyncio.timeout(policy.idle_timeout_s):
+                    if silence is None:
+                        try:
                             delta = await anext(stream)
-                    except StopAsyncIteration:
-                        return
-                    except TimeoutError:
-                        raise ModelError(
-                            f"model provider sent nothing for {policy.idle_timeout_s:g} s",
-                            retryable=True,
-                            code="model_timeout",
-                        ) from None
+                        except StopAsyncIteration:
+                            return
+                    else:
+                        silence.waiting()
+                        try:
+                            delta = await anext(stream)
+                        except StopAsyncIteration:
+                            return
+                        except asyncio.CancelledError:
+                            if silence.caused_cancel():
+                                raise ModelError(
+                                    f"model provider sent nothing for {policy.idle_timeout_s:g} s",
+                                    retryable=True,
+                                    code="model_timeout",
+                                ) from None
+                            raise
+                        finally:
+                            silence.waiting_over()
                     streamed = True
                     yield delta
         except ModelError as exc:
@@ -112,7 +122,49 @@ async def stream_with_retries(model: Model, request: ModelRequest, policy: Retry
                 on_retry(attempt, delay, exc)
             await anyio.sleep(delay)
         finally:
+            if silence is not None:
+                silence.cancel()
             request.usage.add(call.usage)
+
+
+class _Silence:
+    """Cancels the calling task when a wait for the next delta lasts ``seconds``.
+
+    Like ``asyncio.timeout`` around each wait, but with one timer per attempt instead of one per
+    delta (:class:`~tether._idle.IdleTimer`): a wait only reads the clock. It cancels only while
+    the task waits for the provider, never while the consumer holds a delta (the generator is
+    then suspended at its ``yield``), and :meth:`caused_cancel` tells its cancellation from
+    anyone else's, as ``asyncio.timeout`` does (``uncancel``).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._waiting = False
+        self._expired = False
+        self._timer = IdleTimer(seconds, self._on_idle)
+
+    def waiting(self) -> None:
+        self._waiting = True
+        self._timer.touch()
+
+    def waiting_over(self) -> None:
+        self._waiting = False
+
+    def _on_idle(self) -> None:
+        if self._waiting and not self._expired:
+            self._expired = True
+            self._timer.cancel()
+            self._task.cancel()
+
+    def caused_cancel(self) -> bool:
+        """True when the cancellation being handled is this timer's alone (then it is undone)."""
+        return self._expired and self._task.uncancel() <= self._cancelling
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 def retry_after_seconds(headers: Mapping[str, str]) -> float | None:

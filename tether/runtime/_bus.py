@@ -21,6 +21,7 @@ import contextlib
 from collections import deque
 from collections.abc import Iterator, Sequence
 
+from .._idle import IdleTimer
 from ..events import StoredEvent
 
 __all__ = ["LocalBus", "Subscription"]
@@ -42,6 +43,10 @@ class Subscription:
         #: (last seq, bytes) of each published batch the reader has not delivered yet.
         self._unsent: deque[tuple[int, int]] = deque()
         self._unsent_bytes = 0
+        #: Wakes a waiting reader once nothing was published for its wait's timeout (created
+        #: by the first wait: one timer for the subscription's life, not one per wait).
+        self._idle: IdleTimer | None = None
+        self._idle_due = False
 
     def _push(self, batch: Sequence[StoredEvent]) -> None:
         if not batch:
@@ -80,17 +85,32 @@ class Subscription:
 
         Check :attr:`stale` after a return: when set, read the store too.
         """
+        if self._idle is None or self._idle.seconds != timeout:
+            self.close()
+            self._idle = IdleTimer(timeout, self._on_idle)
         if not self._pending and not self.stale:
-            try:
-                async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for
-                    await self._wakeup.wait()
-            except TimeoutError:
+            self._idle_due = False
+            self._idle.touch()
+            await self._wakeup.wait()
+            if self._idle_due and not self._pending and not self.stale:
+                self._idle_due = False
+                self._wakeup.clear()
                 return None
         self._wakeup.clear()
         batch = list(self._pending)
         self._pending.clear()
         self._pending_bytes = 0
         return batch
+
+    def _on_idle(self) -> None:
+        self._idle_due = True
+        self._wakeup.set()
+
+    def close(self) -> None:
+        """Stop this subscription's timer (when its reader stops following)."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
 
 
 class LocalBus:
@@ -118,6 +138,7 @@ class LocalBus:
         try:
             yield subscription
         finally:
+            subscription.close()
             followers = self._subscribers.get(run_id)
             if followers is not None:
                 followers.discard(subscription)

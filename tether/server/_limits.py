@@ -169,9 +169,15 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _content_length(scope)
+        declared, chunked = _body_framing(scope)
         if declared is not None and declared > self.max_bytes:
             await self._refuse(scope, receive, send)
+            return
+        if not chunked:
+            # The body is what Content-Length says (the HTTP parser holds it to that), or there
+            # is none: nothing left to count. Most requests take this path, and streams' sends
+            # then go out unwrapped.
+            await self.app(scope, receive, send)
             return
         received = 0
         too_large = False
@@ -211,11 +217,17 @@ class _BodyTooLarge(Exception):
     """Raised into the application when the body passes the cap while it is being read."""
 
 
-def _content_length(scope: Scope) -> int | None:
+def _body_framing(scope: Scope) -> tuple[int | None, bool]:
+    """The request's ``Content-Length`` (None if absent or unreadable) and whether its body
+    comes in chunks (``Transfer-Encoding``), whose size only counting can tell."""
+    length: int | None = None
+    chunked = False
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
-                return int(value)
+                length = int(value)
             except ValueError:
-                return None
-    return None
+                chunked = True  # unreadable: count what arrives
+        elif name == b"transfer-encoding":
+            chunked = True
+    return length, chunked

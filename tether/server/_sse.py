@@ -43,8 +43,12 @@ async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, pi
             if not batch:
                 yield PING
                 continue
-            for chunk in _chunks(encode_event(e.seq, e.type, e.envelope) for e in batch):
-                yield chunk
+            if len(batch) == 1:  # a live stream's usual batch: one token
+                e = batch[0]
+                yield encode_event(e.seq, e.type, e.envelope)
+            else:
+                for chunk in _chunks(encode_event(e.seq, e.type, e.envelope) for e in batch):
+                    yield chunk
             last = batch[-1].seq
     except FellBehind as behind:
         yield fell_behind_comment(behind.last_seq)
