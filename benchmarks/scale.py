@@ -262,6 +262,17 @@ async def wait_idle(ep: Endpoint, within: float = 120.0) -> None:
     ERRORS.add(f"{ep.key} still executed runs {within:.0f} s after the scenario")
 
 
+async def commit_counts(ep: Endpoint) -> tuple[float, float]:
+    """Events published and the transactions that committed them so far (``/metrics``; 0 for the floor)."""
+    if ep.floor:
+        return 0.0, 0.0
+    status, body = await http_json(ep.port, "GET", "/metrics")
+    if status != 200 or not isinstance(body, str):
+        return 0.0, 0.0
+    values = dict(re.findall(r"^(tether_events_published_total|tether_event_commits_total) (\S+)$", body, re.M))
+    return float(values.get("tether_events_published_total", 0)), float(values.get("tether_event_commits_total", 0))
+
+
 def _name() -> str:
     return "s" + os.urandom(6).hex()
 
@@ -360,6 +371,7 @@ async def paced_workload(eps: Sequence[Endpoint], sz: Sizes, prefix: str) -> dic
     streams: list[StreamClient | None] = [None] * n
     lags: list[float] = []
     cpu_before = {ep.key: cpu_seconds(ep.server.pid) for ep in eps}
+    commits_before = {ep.key: await commit_counts(ep) for ep in eps}
     client_before = time.process_time()
     t0 = time.perf_counter() + 0.05
 
@@ -377,6 +389,9 @@ async def paced_workload(eps: Sequence[Endpoint], sz: Sizes, prefix: str) -> dic
     await asyncio.gather(*(s.wait_closed(max(0.0, deadline - time.perf_counter())) for s in started))
     cpu = sum(cpu_seconds(ep.server.pid) - cpu_before[ep.key] for ep in eps)
     client_cpu = time.process_time() - client_before
+    commits_after = {ep.key: await commit_counts(ep) for ep in eps}
+    published = sum(commits_after[k][0] - commits_before[k][0] for k in commits_after)
+    commits = sum(commits_after[k][1] - commits_before[k][1] for k in commits_after)
     # Closing a stream does not cancel its run: cancel the runs of the streams that were cut off.
     for i, s in enumerate(streams):
         if s is not None and not s.ended_at and not targets[i].floor and b"\r\n\r\n" in s.buf:
@@ -399,6 +414,7 @@ async def paced_workload(eps: Sequence[Endpoint], sz: Sizes, prefix: str) -> dic
         f"{prefix}.cpu_us_per_token": cpu / tokens * 1e6 if tokens else float("nan"),
         f"{prefix}.client_cpu_pct": client_cpu / wall * 100,
         f"{prefix}.start_lag_p99_ms": _ms(percentile(lags, 99)),
+        f"{prefix}.events_per_commit": published / commits if commits else float("nan"),
     }
 
 
@@ -677,6 +693,7 @@ def figures(sz: Sizes) -> list[Figure]:
         Figure("paced.cpu_us_per_token", "paced: server CPU per token (µs)", 0),
         Figure("paced.client_cpu_pct", "paced: client CPU (% of wall)", 0),
         Figure("paced.start_lag_p99_ms", "paced: client's start lag p99 (ms)", 2),
+        Figure("paced.events_per_commit", "paced: events per transaction (group commit)", 1),
         Figure(
             "first_token.p50_ms", f"POST run → first token, {sz.first_token_runs} runs one at a time: **p50** (ms)", 2, at_most({SQLITE: 5, POSTGRES: 8}, " ms")
         ),

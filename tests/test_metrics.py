@@ -50,6 +50,10 @@ async def test_metrics_count_runs_by_status_pending_interrupts_and_live_streams(
             assert now["tether_event_streams"] == 1
             assert now["tether_executing_runs"] == 1  # the slow run; the waiting one holds no task
             assert now["tether_events_published_total"] > before["tether_events_published_total"]
+            assert 0 < now["tether_event_commits_total"] - before["tether_event_commits_total"]
+            assert now["tether_event_commits_total"] - before["tether_event_commits_total"] <= (
+                now["tether_events_published_total"] - before["tether_events_published_total"]
+            )
             tg.cancel_scope.cancel()
         await http.post(f"/v1/runs/{waiting['id']}/cancel")
         await http.post(f"/v1/runs/{slow['id']}/cancel", json={"mode": "hard"})

@@ -86,13 +86,12 @@ class ScriptedModel:
         #: Pause between words of keyword-rule answers, so the demo streams visibly.
         self.word_delay_s = word_delay_s
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
-        """Yield the deltas of one model call."""
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        """The deltas of one model call (an async generator: the step's, with no layer between)."""
         step = self._script_step(request.messages)
         if step is None:
             step = self._keyword_step(request)
-        async for delta in self._play(step, request):
-            yield delta
+        return self._play(step, request)
 
     # -- choosing the step -------------------------------------------------------------
 
@@ -164,29 +163,28 @@ class ScriptedModel:
     # -- playing a step ----------------------------------------------------------------
 
     async def _play(self, step: dict[str, Any], request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        # Before each delta it always yields to the loop (``sleep``), so a zero-delay script can
+        # still be cancelled mid-stream.
         delay = float(step.get("delay_ms", 0) or 0) / 1000
-
-        async def pace() -> None:
-            # Always yield to the loop, so a zero-delay script can still be cancelled mid-stream.
-            await asyncio.sleep(delay)
+        sleep = asyncio.sleep
 
         if "fail" in step:
             raise ModelError(str(step["fail"]), retryable=False)
         if step.get("thinking"):
             for word in _words(str(step["thinking"])):
-                await pace()
+                await sleep(delay)
                 yield ThinkingDelta(word)
         if step.get("echo"):
             history = [{"role": m.role, "content": m.content} for m in request.messages if m.role != "system"]
-            await pace()
+            await sleep(delay)
             yield TextDelta(json.dumps(history, ensure_ascii=False))
         if "tokens" in step:
             for n in range(1, int(step["tokens"]) + 1):
-                await pace()
+                await sleep(delay)
                 yield TextDelta(f"t{n} ")
         if step.get("text"):
             for word in _words(str(step["text"])):
-                await pace()
+                await sleep(delay)
                 yield TextDelta(word)
         for call in step.get("tool_calls") or []:
             args = call.get("args", {})

@@ -1,8 +1,8 @@
 """``GET /metrics``: Prometheus metrics of this server process and its database.
 
 Counts that live in the database (runs by status, pending interrupts) are read at scrape
-time; in-process figures (executing runs, open event streams, events published, model tokens
-consumed) come from the runtime. Each application has its own registry, so several apps in one process do not clash.
+time; in-process figures (executing runs, open event streams, events published and the transactions
+that committed them, model tokens consumed) come from the runtime. Each application has its own registry, so several apps in one process do not clash.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class _Snapshot(Collector):
         self.executing = 0
         self.streams = 0
         self.published = 0
+        self.event_commits = 0
         self.input_tokens = 0
         self.output_tokens = 0
 
@@ -44,6 +45,9 @@ class _Snapshot(Collector):
         yield GaugeMetricFamily("tether_executing_runs", "Runs executing in this process.", value=self.executing)
         yield GaugeMetricFamily("tether_event_streams", "Open event streams (SSE followers) in this process.", value=self.streams)
         yield CounterMetricFamily("tether_events_published", "Events committed and published by this process.", value=self.published)
+        yield CounterMetricFamily(
+            "tether_event_commits", "Transactions that committed runs' events in this process (many runs' events share one).", value=self.event_commits
+        )
         tokens = CounterMetricFamily("tether_model_tokens", "Tokens consumed by the model calls of this process, by kind.", labels=["kind"])
         tokens.add_metric(["input"], self.input_tokens)
         tokens.add_metric(["output"], self.output_tokens)
@@ -72,6 +76,7 @@ async def metrics(request: Request) -> Response:
     snapshot.executing = runtime.executing_count()
     snapshot.streams = runtime.bus.total_subscribers()
     snapshot.published = runtime.bus.published
+    snapshot.event_commits = runtime.writer.transactions
     snapshot.input_tokens = runtime.tokens.input_tokens
     snapshot.output_tokens = runtime.tokens.output_tokens
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from ..events import StoredEvent
 from . import _notify as channels
 from ._engine import Reading, StoreBase, Writing
-from ._tables import events
+from ._tables import Hot, events
 
 __all__ = ["EventStore"]
 
@@ -35,10 +35,12 @@ class EventStore(StoreBase):
         batches = [(run_id, batch) for run_id, batch in batches if batch]
         if not batches:
             return
+        if self._sqlite is not None:
+            assert self._write_lock is not None
+            async with self._write_lock:
+                await self._sqlite.write_in_thread(lambda conn: _insert_events_sqlite(conn, batches))
+            return
         async with self._writing() as conn:
-            if self.is_sqlite:
-                await _insert_events_sqlite(conn, batches)
-                return
             await conn.execute(
                 events.insert(), [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for run_id, batch in batches for e in batch]
             )
@@ -66,7 +68,8 @@ class EventStore(StoreBase):
 
     async def _write_events(self, conn: Writing, run_id: str, batch: Sequence[StoredEvent]) -> None:
         """Insert ``batch`` in the caller's transaction and announce it on commit."""
-        await conn.execute(events.insert(), [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for e in batch])
+        rows = [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for e in batch]
+        await conn.execute(Hot.insert_event, rows[0] if len(rows) == 1 else rows)
         if not self.is_sqlite:
             await _notify(conn, channels.EVENTS_CHANNEL, channels.events_payload(self.instance_id, run_id, batch[-1].seq))
 
@@ -111,14 +114,13 @@ _EVENT_COLUMNS = ("run_id", "seq", "type", "envelope")
 _SQLITE_EVENT_ROWS_PER_INSERT = min(_SQLITE_MAX_VARIABLES // len(_EVENT_COLUMNS), 2000)
 
 
-async def _insert_events_sqlite(conn: Writing, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
+def _insert_events_sqlite(conn: sa.Connection, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
     """Insert a batch with one multi-row ``INSERT`` per chunk, not an ``executemany``.
 
-    aiosqlite runs SQLite in its own thread, and ``executemany`` binds and steps row by row,
-    taking the GIL back for each row. While the event loop is busy (a model streaming tokens,
-    which is exactly when batches are big), every one of those handoffs waits for the loop
-    thread: a 4,000-row commit took 120-400 ms instead of 15. One statement per chunk binds
-    once and steps once, and skips SQLAlchemy's per-row parameter processing too.
+    ``executemany`` binds and steps row by row, taking the GIL back for each row: while the
+    event loop is busy (a model streaming tokens, which is exactly when batches are big), every
+    one of those handoffs waits for the loop thread. One statement per chunk binds once and
+    steps once, and skips SQLAlchemy's per-row parameter processing too.
     """
     per_insert = _SQLITE_EVENT_ROWS_PER_INSERT
     head = f"INSERT INTO {events.name} ({', '.join(_EVENT_COLUMNS)}) VALUES "
@@ -128,4 +130,4 @@ async def _insert_events_sqlite(conn: Writing, batches: Sequence[tuple[str, Sequ
         params: list[Any] = []
         for run_id, e in chunk:
             params += (run_id, e.seq, e.type, e.envelope)
-        await conn.exec_driver_sql(head + ",".join(["(?,?,?,?)"] * len(chunk)), tuple(params))
+        conn.exec_driver_sql(head + ",".join(["(?,?,?,?)"] * len(chunk)), tuple(params))

@@ -40,14 +40,26 @@ def _reviewable(thread_id: Any) -> sa.Label[bool]:
     return sa.exists().where(interrupts.c.thread_id == thread_id).label("tether_reviewable")
 
 
+def _in_thread_query(table: sa.Table) -> sa.Select[Any]:
+    return (
+        sa.select(table, threads.c.owner.label("tether_owner"), _reviewable(table.c.thread_id))
+        .join(threads, threads.c.id == table.c.thread_id)
+        .where(table.c.id == sa.bindparam("row_id"))
+    )
+
+
+# Built once: every request checks access with one of these.
+_THREAD_QUERY = sa.select(threads, _reviewable(threads.c.id)).where(threads.c.id == sa.bindparam("row_id"))
+_IN_THREAD_QUERIES = {table.name: _in_thread_query(table) for table in (runs, messages)}
+
+
 class LookupStore(StoreBase):
     """Access-check lookups of :class:`~tether.store.Store`."""
 
     async def find_thread(self, thread_id: str) -> Found[ThreadRecord] | None:
         """A thread, its owner and whether it has interrupts; None if missing."""
-        query = sa.select(threads, _reviewable(threads.c.id)).where(threads.c.id == thread_id)
         async with self._reading() as conn:
-            row = (await conn.execute(query)).first()
+            row = (await conn.execute(_THREAD_QUERY, {"row_id": thread_id})).first()
         return None if row is None else Found(thread_record(row), row.id, row.owner, bool(row.tether_reviewable))
 
     async def find_run(self, run_id: str) -> Found[RunRecord] | None:
@@ -61,11 +73,6 @@ class LookupStore(StoreBase):
     async def _find_in_thread(self, table: sa.Table, row_id: str, to_record: Callable[[Any], R]) -> Found[R] | None:
         """A row of ``table`` (which has ``thread_id``) with its thread's owner and whether that
         thread has interrupts, in one query."""
-        query = (
-            sa.select(table, threads.c.owner.label("tether_owner"), _reviewable(table.c.thread_id))
-            .join(threads, threads.c.id == table.c.thread_id)
-            .where(table.c.id == row_id)
-        )
         async with self._reading() as conn:
-            row = (await conn.execute(query)).first()
+            row = (await conn.execute(_IN_THREAD_QUERIES[table.name], {"row_id": row_id})).first()
         return None if row is None else Found(to_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))

@@ -167,10 +167,8 @@ class RunStore(EventStore):
     async def count_active_runs(self, *, requested_by: str) -> int:
         """How many runs ``requested_by`` started are queued, running or being cancelled (a run
         waiting for a human holds nothing, so it does not count)."""
-        busy = (RunStatus.QUEUED.value, RunStatus.RUNNING.value, RunStatus.CANCELLING.value)
-        query = sa.select(sa.func.count()).select_from(runs).where(runs.c.requested_by == requested_by, runs.c.status.in_(busy))
         async with self._reading() as conn:
-            return int((await conn.execute(query)).scalar_one())
+            return int((await conn.execute(Hot.count_busy_runs, {"requested_by": requested_by})).scalar_one())
 
     async def count_runs_by_status(self) -> dict[str, int]:
         """How many runs are in each status (for ``/metrics``)."""

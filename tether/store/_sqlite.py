@@ -7,8 +7,11 @@ statements themselves take microseconds, and in WAL mode with ``synchronous=NORM
 does not wait for the disk (only a checkpoint does). So the store's own work goes like this:
 
 - **Writes** run on the event loop's thread over one connection, one transaction at a time
-  (the store's write lock), with no await inside: a run start or a group commit holds the write
-  lock for the microseconds its statements take. That connection never checkpoints the WAL
+  (the store's write lock), with no await inside: a run start holds the write lock for the
+  microseconds its statements take. A group commit of many runs' events is the exception: its
+  inserts land on scattered index pages (one per run) and take milliseconds, so it runs on the
+  same connection in a writer thread (SQLite releases the GIL meanwhile), one hop per
+  transaction. That connection never checkpoints the WAL
   itself (``wal_autocheckpoint=0``): :class:`SQLiteConnections` asks a reader thread to
   (``PRAGMA wal_checkpoint(PASSIVE)``, which lets writers go on) once the WAL passes
   :data:`CHECKPOINT_BYTES`, so the loop never waits for an ``fsync``.
@@ -131,6 +134,7 @@ class SQLiteConnections:
         self._readers: list[sa.Connection] = []
         self._readers_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="tether-sqlite-read")
+        self._writer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-sqlite-write")
         self._checkpointing = False
         self._commits = 0
 
@@ -139,6 +143,29 @@ class SQLiteConnections:
         """A write transaction on the event loop's thread (the caller holds the write lock)."""
         with self.writer.transaction() as writer:
             yield writer
+
+    async def write_in_thread(self, fn: Callable[[sa.Connection], None]) -> None:
+        """``fn(connection)`` as one write transaction in the writer's thread (the caller holds
+        the write lock), for a transaction too big to run on the loop: a group commit of many
+        runs' events, whose scattered index pages cost milliseconds. SQLite releases the GIL
+        while it works, so the loop goes on meanwhile.
+
+        Once started, the transaction runs to its end: a cancelled caller still waits for it, so
+        the write lock is never released while the connection is in use.
+        """
+        done = asyncio.get_running_loop().run_in_executor(self._writer_thread, self._write, fn)
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            while not done.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(done)
+            raise
+
+    def _write(self, fn: Callable[[sa.Connection], None]) -> None:
+        with self._writer_conn.begin():
+            fn(self._writer_conn)
+        self._after_commit()
 
     def reader(self) -> ThreadedReader | InlineReader:
         """Where reads go: the reader threads, or the one connection of an in-memory database."""
@@ -177,6 +204,7 @@ class SQLiteConnections:
 
     def close(self) -> None:
         """Close every connection (the reader threads end first)."""
+        self._writer_thread.shutdown(wait=True)
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._readers_lock:
             readers, self._readers = self._readers, []

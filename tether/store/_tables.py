@@ -231,3 +231,10 @@ class Hot:
         threads.update().where(threads.c.id == sa.bindparam("of_thread")).values(active_leaf_id=sa.bindparam("leaf_id"), updated_at=sa.bindparam("now"))
     )
     mark_running = runs.update().where(runs.c.id == sa.bindparam("run_id"), runs.c.status == "queued").values(status="running", started_at=sa.bindparam("now"))
+    insert_event = events.insert()
+    #: Runs of ``requested_by`` that hold a process (queued, running, cancelling).
+    count_busy_runs = (
+        sa.select(sa.func.count())
+        .select_from(runs)
+        .where(runs.c.requested_by == sa.bindparam("requested_by"), runs.c.status.in_(("queued", "running", "cancelling")))
+    )
