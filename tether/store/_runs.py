@@ -34,7 +34,7 @@ from ._records import (
     message_values,
     run_record,
 )
-from ._tables import Hot, audit, interrupts, messages, runs
+from ._tables import Hot, audit, runs
 from ._tree import splits_a_tool_turn
 
 __all__ = ["RunStore"]
@@ -194,10 +194,11 @@ class RunStore(EventStore):
     ) -> None:
         """A model turn's final state and the tokens its call consumed, in one transaction."""
         async with self._writing() as conn:
-            values: dict[str, Any] = {"content": content, "status": status}
-            if tool_calls is not None:
-                values["tool_calls"] = tool_calls
-            await conn.execute(messages.update().where(messages.c.id == message_id).values(**values))
+            values: dict[str, Any] = {"message_id": message_id, "content": content, "status": status}
+            if tool_calls is None:
+                await conn.execute(Hot.store_turn, values)
+            else:
+                await conn.execute(Hot.store_turn_with_calls, {**values, "tool_calls": tool_calls})
             await _add_usage(conn, run_id, message_id, input_tokens, output_tokens)
 
     async def request_cancel(self, run_id: str, *, mode: str, reason: str | None, actor: str) -> RunRecord:
@@ -240,17 +241,17 @@ class RunStore(EventStore):
         also needs this process's claim on the run: an executor whose run was taken over (it
         stalled past its lease) cannot end it.
         """
-        condition = [runs.c.id == run_id, runs.c.status.in_(_values(from_statuses))]
-        if as_executor:
-            condition.append(runs.c.executor_id == self.instance_id)
+        now = utcnow()
+        values = {"run_id": run_id, "from_statuses": _values(from_statuses), "status": str(status), "now": now, "error": error}
         async with self._writing() as conn:
-            result = await conn.execute(runs.update().where(*condition).values(status=str(status), ended_at=utcnow(), error=error))
+            if as_executor:
+                result = await conn.execute(Hot.finish_run_as_executor, {**values, "held_by": self.instance_id})
+            else:
+                result = await conn.execute(Hot.finish_run, values)
             if result.rowcount != 1:
                 return False  # nothing was written
             # A terminal run has no pending interrupt: nothing can approve its actions any more.
-            await conn.execute(
-                interrupts.update().where(interrupts.c.run_id == run_id, interrupts.c.status == "pending").values(status="cancelled", resolved_at=utcnow())
-            )
+            await conn.execute(Hot.cancel_pending_interrupts, {"of_run": run_id, "now": now})
             await self._write_events(conn, run_id, [*events_before, final_event])
             if audit_entries:
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
@@ -321,12 +322,12 @@ def _values(statuses: Iterable[str]) -> list[str]:
 async def _add_usage(conn: Writing, run_id: str, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
     """Add one model call's tokens to the run's usage, in the caller's transaction. Only the
     run's executor writes it, one call at a time, so a read-modify-write is enough."""
-    current = (await conn.execute(sa.select(runs.c.usage).where(runs.c.id == run_id))).scalar_one_or_none() or {}
+    current = (await conn.execute(Hot.run_usage, {"run_id": run_id})).scalar_one_or_none() or {}
     calls = [*current.get("calls", []), {"message_id": message_id, "input_tokens": input_tokens, "output_tokens": output_tokens}]
     usage = {
         "input_tokens": int(current.get("input_tokens", 0)) + input_tokens,
         "output_tokens": int(current.get("output_tokens", 0)) + output_tokens,
         "calls": calls,
     }
-    await conn.execute(runs.update().where(runs.c.id == run_id).values(usage=usage))
+    await conn.execute(Hot.set_run_usage, {"run_id": run_id, "usage": usage})
     return usage

@@ -232,6 +232,26 @@ class Hot:
     )
     mark_running = runs.update().where(runs.c.id == sa.bindparam("run_id"), runs.c.status == "queued").values(status="running", started_at=sa.bindparam("now"))
     insert_event = events.insert()
+    #: A run's terminal write: only from one of ``from_statuses`` (and, for ``…_as_executor``,
+    #: only while this process holds the run).
+    finish_run = (
+        runs.update()
+        .where(runs.c.id == sa.bindparam("run_id"), runs.c.status.in_(sa.bindparam("from_statuses", expanding=True)))
+        .values(status=sa.bindparam("status"), ended_at=sa.bindparam("now"), error=sa.bindparam("error", type_=runs.c.error.type))
+    )
+    finish_run_as_executor = finish_run.where(runs.c.executor_id == sa.bindparam("held_by"))
+    cancel_pending_interrupts = (
+        interrupts.update()
+        .where(interrupts.c.run_id == sa.bindparam("of_run"), interrupts.c.status == "pending")
+        .values(status="cancelled", resolved_at=sa.bindparam("now"))
+    )
+    run_usage = sa.select(runs.c.usage).where(runs.c.id == sa.bindparam("run_id"))
+    set_run_usage = runs.update().where(runs.c.id == sa.bindparam("run_id")).values(usage=sa.bindparam("usage", type_=runs.c.usage.type))
+    #: A model turn's final state (``…_with_calls`` also sets its tool calls).
+    store_turn = (
+        messages.update().where(messages.c.id == sa.bindparam("message_id")).values(content=sa.bindparam("content"), status=sa.bindparam("status"))
+    )
+    store_turn_with_calls = store_turn.values(tool_calls=sa.bindparam("tool_calls", type_=messages.c.tool_calls.type))
     #: Runs of ``requested_by`` that hold a process (queued, running, cancelling).
     count_busy_runs = (
         sa.select(sa.func.count())
