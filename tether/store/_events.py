@@ -41,10 +41,7 @@ class EventStore(StoreBase):
                 await self._sqlite.write_in_thread(lambda conn: _insert_events_sqlite(conn, batches))
             return
         async with self._writing() as conn:
-            await conn.execute(
-                events.insert(), [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for run_id, batch in batches for e in batch]
-            )
-            await _notify_many(conn, [channels.events_payload(self.instance_id, run_id, batch[-1].seq) for run_id, batch in batches])
+            await self._insert_events_postgres(conn, batches)
 
     async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with ``seq > after_seq``, in order."""
@@ -68,10 +65,27 @@ class EventStore(StoreBase):
 
     async def _write_events(self, conn: Writing, run_id: str, batch: Sequence[StoredEvent]) -> None:
         """Insert ``batch`` in the caller's transaction and announce it on commit."""
+        if not self.is_sqlite:
+            await self._insert_events_postgres(conn, [(run_id, batch)])
+            return
         rows = [{"run_id": run_id, "seq": e.seq, "type": e.type, "envelope": e.envelope} for e in batch]
         await conn.execute(Hot.insert_event, rows[0] if len(rows) == 1 else rows)
-        if not self.is_sqlite:
-            await _notify(conn, channels.EVENTS_CHANNEL, channels.events_payload(self.instance_id, run_id, batch[-1].seq))
+
+    async def _insert_events_postgres(self, conn: Writing, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
+        """Insert the batches and announce each run's newest seq, in one statement (one round
+        trip, one prepared statement whatever the number of rows: the rows travel as arrays)."""
+        rows = [(run_id, e) for run_id, batch in batches for e in batch]
+        await conn.execute(
+            _INSERT_AND_NOTIFY,
+            {
+                "run_ids": [run_id for run_id, _e in rows],
+                "seqs": [e.seq for _run_id, e in rows],
+                "types": [e.type for _run_id, e in rows],
+                "envelopes": [e.envelope for _run_id, e in rows],
+                "channel": channels.EVENTS_CHANNEL,
+                "payloads": [channels.events_payload(self.instance_id, run_id, batch[-1].seq) for run_id, batch in batches],
+            },
+        )
 
     @staticmethod
     async def _next_seq(conn: Reading, run_id: str) -> int:
@@ -97,15 +111,20 @@ async def _notify(conn: Writing, channel: str, payload: str) -> None:
     await conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
 
 
-async def _notify_many(conn: Writing, payloads: Sequence[str]) -> None:
-    """One ``tether_events`` notification per payload, sent in one statement."""
-    if len(payloads) == 1:
-        await _notify(conn, channels.EVENTS_CHANNEL, payloads[0])
-        return
-    await conn.execute(_NOTIFY_MANY, {"channel": channels.EVENTS_CHANNEL, "payloads": list(payloads)})
-
-
-_NOTIFY_MANY = sa.text("SELECT pg_notify(:channel, p) FROM unnest(:payloads) AS p").bindparams(sa.bindparam("payloads", type_=sa.ARRAY(sa.Text)))
+#: PostgreSQL: insert events given as column arrays and send one ``tether_events``
+#: notification per payload, in one statement. A data-modifying ``WITH`` runs exactly once
+#: whether or not the outer query reads it; the notifications are delivered on commit.
+_INSERT_AND_NOTIFY = sa.text(
+    f"WITH inserted AS (INSERT INTO {events.name} (run_id, seq, type, envelope)"
+    " SELECT * FROM unnest(:run_ids, :seqs, :types, :envelopes))"
+    " SELECT pg_notify(:channel, p) FROM unnest(:payloads) AS p"
+).bindparams(
+    sa.bindparam("run_ids", type_=sa.ARRAY(sa.String)),
+    sa.bindparam("seqs", type_=sa.ARRAY(sa.Integer)),
+    sa.bindparam("types", type_=sa.ARRAY(sa.String)),
+    sa.bindparam("envelopes", type_=sa.ARRAY(sa.Text)),
+    sa.bindparam("payloads", type_=sa.ARRAY(sa.Text)),
+)
 
 
 # Bound parameters one SQLite statement may take (SQLITE_MAX_VARIABLE_NUMBER: 999 before 3.32).
