@@ -12,6 +12,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import pytest
 
 from tether.errors import ModelError
@@ -176,3 +177,47 @@ def test_retry_after_is_read_in_milliseconds_seconds_or_as_a_date() -> None:
     assert retry_after_seconds({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0  # in the past
     assert retry_after_seconds({"retry-after": "soon"}) is None
     assert retry_after_seconds({}) is None
+
+
+class _QuickModel:
+    """A model that yields its deltas at once (a test double of a fast provider)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        for n in range(self.count):
+            yield TextDelta(f"t{n} ")
+
+
+async def test_a_consumer_holding_a_delta_longer_than_the_idle_timeout_is_not_a_silent_provider() -> None:
+    # The idle timeout covers only the wait for the provider, never the time the consumer
+    # takes with a delta (the generator is suspended at its yield meanwhile).
+    policy = RetryPolicy(attempts=1, idle_timeout_s=0.05)
+    request = ModelRequest([ChatMessage("user", "hi")], [])
+    got: list[str] = []
+    async with aclosing(stream_with_retries(_QuickModel(3), request, policy)) as stream:
+        async for delta in stream:
+            assert isinstance(delta, TextDelta)
+            got.append(delta.text)
+            await anyio.sleep(0.2)  # the consumer's own slow work, four idle timeouts long
+    assert got == ["t0 ", "t1 ", "t2 "]
+
+
+async def test_an_outside_cancel_during_a_wait_for_the_provider_stays_a_cancel() -> None:
+    # A cancellation that is not the idle timer's propagates as a cancellation, not a timeout.
+    class Stalled:
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
+            yield TextDelta("first ")
+            await anyio.sleep_forever()
+            yield TextDelta("never")  # pragma: no cover
+
+    policy = RetryPolicy(attempts=1, idle_timeout_s=30.0)
+    request = ModelRequest([ChatMessage("user", "hi")], [])
+    got: list[str] = []
+    with anyio.move_on_after(0.2) as scope:
+        async with aclosing(stream_with_retries(Stalled(), request, policy)) as stream:
+            async for delta in stream:
+                assert isinstance(delta, TextDelta)
+                got.append(delta.text)
+    assert scope.cancelled_caught and got == ["first "]

@@ -26,14 +26,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._ids import new_id, utcnow
 from ..errors import Overloaded
-from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
+from ._sqlite import InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 
 __all__ = ["StoreBase", "normalize_db_url", "Writing", "Reading"]
 
 #: What a store operation writes through: the inline SQLite writer, or a PostgreSQL connection.
 Writing = InlineWriter | AsyncConnection
 #: What a store operation reads through.
-Reading = ThreadedReader | InlineReader | InlineWriter | AsyncConnection
+Reading = ThreadedReader | InlineWriter | AsyncConnection
 
 
 def normalize_db_url(url: str) -> str:
@@ -81,7 +81,7 @@ class StoreBase:
             sa_event.listen(engine.sync_engine, "connect", sqlite_pragmas(busy_timeout_s=30.0))
         store = cls(engine)
         await store.migrate()
-        if store.is_sqlite:
+        if store.is_sqlite and sa.engine.make_url(url).database not in (None, "", ":memory:"):
             store._sqlite = SQLiteConnections(url)
         return store
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..events import StoredEvent
 from . import _notify as channels
@@ -41,7 +42,11 @@ class EventStore(StoreBase):
                 await self._sqlite.write_in_thread(lambda conn: _insert_events_sqlite(conn, batches))
             return
         async with self._writing() as conn:
-            await self._insert_events_postgres(conn, batches)
+            if self.is_sqlite:  # an in-memory database, on the async driver's connection
+                assert isinstance(conn, AsyncConnection)
+                await conn.run_sync(lambda sync_conn: _insert_events_sqlite(sync_conn, batches))
+            else:
+                await self._insert_events_postgres(conn, batches)
 
     async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with ``seq > after_seq``, in order."""

@@ -12,12 +12,13 @@ does not wait for the disk (only a checkpoint does). So the store's own work goe
   inserts land on scattered index pages (one per run) and take milliseconds, so it runs on the
   same connection in a writer thread (SQLite releases the GIL meanwhile), one hop per
   transaction. That connection never checkpoints the WAL
-  itself (``wal_autocheckpoint=0``): :class:`SQLiteConnections` asks a reader thread to
-  (``PRAGMA wal_checkpoint(PASSIVE)``, which lets writers go on) once the WAL passes
-  :data:`CHECKPOINT_BYTES`, so the loop never waits for an ``fsync``.
+  itself (``wal_autocheckpoint=0``): once the WAL passes :data:`CHECKPOINT_BYTES`, the writer's
+  thread checkpoints it after a group commit (``_checkpoint_if_due``), so the loop never waits
+  for an ``fsync``.
 - **Reads** may be long (a 100,000-message path), so they run in a small pool of threads, each
   with its own connection: one hop per statement, rows fetched in the thread.
-- A ``:memory:`` database exists only inside its one connection: reads run inline on it too.
+- A ``:memory:`` database exists only inside its one connection: the store keeps it on the
+  async driver's connection (it is for experiments, not for serving).
 
 Agents' own tables (``Store.transaction()`` / ``Store.connection()``) and migrations keep the
 async driver (their callers hold an ``AsyncConnection``), under the same write lock.
@@ -38,7 +39,7 @@ from sqlalchemy.engine import CursorResult, FrozenResult
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.selectable import TypedReturnsRows
 
-__all__ = ["SQLiteConnections", "InlineWriter", "InlineReader", "ThreadedReader", "sqlite_pragmas", "CHECKPOINT_BYTES"]
+__all__ = ["SQLiteConnections", "InlineWriter", "ThreadedReader", "sqlite_pragmas", "CHECKPOINT_BYTES"]
 
 #: The WAL size past which a background checkpoint copies it into the database (SQLite's own
 #: automatic checkpoint is at about 4 MiB as well: 1,000 pages).
@@ -59,9 +60,8 @@ class InlineWriter:
     but they never suspend.
     """
 
-    def __init__(self, conn: sa.Connection, on_commit: Any) -> None:
+    def __init__(self, conn: sa.Connection) -> None:
         self._conn = conn
-        self._on_commit = on_commit
 
     @overload
     async def execute(self, statement: TypedReturnsRows[*_Ts], parameters: Any = None) -> CursorResult[*_Ts]: ...
@@ -77,7 +77,6 @@ class InlineWriter:
     def transaction(self) -> Iterator[InlineWriter]:
         with self._conn.begin():
             yield self
-        self._on_commit()
 
 
 class ThreadedReader:
@@ -98,45 +97,31 @@ class ThreadedReader:
         return frozen()
 
 
-class InlineReader:
-    """Reads on the writer's own connection (an in-memory database has no other)."""
-
-    def __init__(self, conn: sa.Connection) -> None:
-        self._conn = conn
-
-    async def execute(self, statement: Executable, parameters: Any = None) -> Any:
-        with self._conn.begin():
-            return self._conn.execute(statement, parameters).freeze()()
-
-    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> Any:
-        with self._conn.begin():
-            return self._conn.exec_driver_sql(statement, parameters).freeze()()
-
-
 class SQLiteConnections:
     """The store's synchronous SQLite connections: one inline writer, a few reader threads."""
 
     def __init__(self, url: str) -> None:
         sync_url = sa.engine.make_url(url).set(drivername="sqlite")
         self.path = sync_url.database or ""
-        self.in_memory = self.path in ("", ":memory:")
+        if self.path in ("", ":memory:"):
+            raise ValueError("an in-memory database has only the async driver's connection")
         self._engine = sa.create_engine(
             sync_url,
-            poolclass=sa.pool.StaticPool if self.in_memory else sa.pool.NullPool,
+            poolclass=sa.pool.NullPool,
             connect_args={"check_same_thread": False, "timeout": WRITER_BUSY_TIMEOUT_S},
         )
         sa.event.listen(self._engine, "connect", sqlite_pragmas(busy_timeout_s=WRITER_BUSY_TIMEOUT_S))
         self._writer_conn = self._engine.connect()
         self._writer_conn.exec_driver_sql("PRAGMA wal_autocheckpoint=0")
         self._writer_conn.commit()
-        self.writer = InlineWriter(self._writer_conn, self._after_commit)
+        self.writer = InlineWriter(self._writer_conn)
         self._local = threading.local()
         self._readers: list[sa.Connection] = []
         self._readers_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="tether-sqlite-read")
         self._writer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-sqlite-write")
-        self._checkpointing = False
-        self._commits = 0
+        #: Checkpoints run so far (for tests and benchmarks).
+        self.checkpoints = 0
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[InlineWriter]:
@@ -165,11 +150,11 @@ class SQLiteConnections:
     def _write(self, fn: Callable[[sa.Connection], None]) -> None:
         with self._writer_conn.begin():
             fn(self._writer_conn)
-        self._after_commit()
+        self._checkpoint_if_due()
 
-    def reader(self) -> ThreadedReader | InlineReader:
-        """Where reads go: the reader threads, or the one connection of an in-memory database."""
-        return InlineReader(self._writer_conn) if self.in_memory else ThreadedReader(self)
+    def reader(self) -> ThreadedReader:
+        """Where reads go: the reader threads."""
+        return ThreadedReader(self)
 
     async def read(self, fn: Any) -> Any:
         """``fn(connection)`` in a reader thread, on that thread's own connection."""
@@ -186,21 +171,24 @@ class SQLiteConnections:
 
     # -- checkpoints off the loop ----------------------------------------------------------
 
-    def _after_commit(self) -> None:
-        self._commits += 1
-        if self._commits % 64 or self._checkpointing or self.in_memory:
-            return
+    def _checkpoint_if_due(self) -> None:
+        """In the writer's thread, holding the write lock: once the WAL has grown past
+        :data:`CHECKPOINT_BYTES`, copy it into the database and truncate it.
+
+        Under a steady stream of commits a checkpoint that lets writers go on (``PASSIVE``,
+        SQLite's automatic one) never finds the WAL fully copied when the next commit starts,
+        so the WAL is never restarted and grows without bound. This one runs between two of
+        the store's transactions (no writer of ours can start meanwhile; readers hold no
+        transaction between statements), so it completes and the file shrinks to nothing.
+        """
         try:
             size = os.stat(self.path + "-wal").st_size
         except OSError:
             return
         if size >= CHECKPOINT_BYTES:
-            self._checkpointing = True
-            future = self._pool.submit(self._in_thread, _checkpoint)
-            future.add_done_callback(self._checkpoint_done)
-
-    def _checkpoint_done(self, _future: Any) -> None:
-        self._checkpointing = False
+            self._writer_conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._writer_conn.commit()
+            self.checkpoints += 1
 
     def close(self) -> None:
         """Close every connection (the reader threads end first)."""
@@ -212,10 +200,6 @@ class SQLiteConnections:
             conn.close()
         self._writer_conn.close()
         self._engine.dispose()
-
-
-def _checkpoint(conn: sa.Connection) -> None:
-    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
 
 def sqlite_pragmas(*, busy_timeout_s: float) -> Callable[[Any, Any], None]:

@@ -248,9 +248,7 @@ class Hot:
     run_usage = sa.select(runs.c.usage).where(runs.c.id == sa.bindparam("run_id"))
     set_run_usage = runs.update().where(runs.c.id == sa.bindparam("run_id")).values(usage=sa.bindparam("usage", type_=runs.c.usage.type))
     #: A model turn's final state (``…_with_calls`` also sets its tool calls).
-    store_turn = (
-        messages.update().where(messages.c.id == sa.bindparam("message_id")).values(content=sa.bindparam("content"), status=sa.bindparam("status"))
-    )
+    store_turn = messages.update().where(messages.c.id == sa.bindparam("message_id")).values(content=sa.bindparam("content"), status=sa.bindparam("status"))
     store_turn_with_calls = store_turn.values(tool_calls=sa.bindparam("tool_calls", type_=messages.c.tool_calls.type))
     #: Runs of ``requested_by`` that hold a process (queued, running, cancelling).
     count_busy_runs = (
