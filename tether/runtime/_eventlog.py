@@ -97,10 +97,11 @@ class EventLog:
         self._idle.set()
 
     def seal(self, event: Event) -> StoredEvent:
-        """Build the terminal event with the next seq, without queueing it.
+        """Build an event with the next seq, without queueing it (nothing may be queued then).
 
-        The caller writes it together with the run's final status (``Store.finish_run``) and
-        then calls :meth:`publish_final`.
+        The caller writes it together with a change of the run's status (the terminal event
+        with ``Store.finish_run``; the first ``status`` with ``Store.mark_running``) and then
+        calls :meth:`publish_final`, or :meth:`unseal` if it was not written.
         """
         seq = self._next_seq
         self._next_seq += 1
@@ -118,7 +119,8 @@ class EventLog:
             self._next_seq -= 1
 
     def publish_final(self, final: StoredEvent) -> None:
-        """Publish the committed terminal event."""
+        """Publish a sealed event once it is committed (the terminal event, or the ``status``
+        written with the run's start)."""
         self._bus.publish(self.run_id, [final])
 
     async def wait_for_idle(self) -> None:

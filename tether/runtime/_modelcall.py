@@ -48,6 +48,7 @@ class ModelCalls:
     _partial_message_id: str | None
     _model_scope: anyio.CancelScope | None
     _on_usage: Callable[[Usage], None] | None
+    _model_announced: bool
 
     if TYPE_CHECKING:
 
@@ -65,7 +66,10 @@ class ModelCalls:
         await self.store.add_message(message)
         self._leaf_id = message.id
         self._partial_message_id = message.id
-        self.events.emit(Status(stage="model", detail=None))
+        if self._model_announced:
+            self._model_announced = False  # committed with the run's start
+        else:
+            self.events.emit(Status(stage="model", detail=None))
         parts: list[str] = []
         requests: list[ToolCallRequest] = []
         failure: Event | None = None

@@ -97,6 +97,8 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         self._tools_scope: anyio.CancelScope | None = None
         self._partial_message_id: str | None = None
         self._leaf_id: str | None = run.input_message_id
+        #: The next model turn's ``status`` event was already committed (with the run's start).
+        self._model_announced = False
         if takeover and run.status == "cancelling":  # the dead process was already stopping it
             self.cancel_mode = as_cancel_mode(run.cancel_mode)
         #: Steering messages sent into the run, announced but not yet in the history.
@@ -204,7 +206,15 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
             return await self._loop(recovered)  # type: ignore[arg-type]  # neither WAITING nor an Event
         if self.resume is not None:
             return await self._loop(await self._apply_review(self.resume))
-        if not await self.store.mark_running(self.run.id):
+        # The run starts and says it is calling the model in one transaction (the first model
+        # turn then skips that event): one commit less before the first token.
+        await self.events.wait_for_idle()  # nothing queued ahead of the sealed event
+        announce = self.events.seal(Status(stage="model", detail=None))
+        if await self.store.mark_running(self.run.id, announce=announce):
+            self.events.publish_final(announce)
+            self._model_announced = True
+        else:
+            self.events.unseal(announce)
             current = await self.store.get_run(self.run.id)
             if current.status != "cancelling":
                 return WAITING  # someone else owns it, or it is terminal: nothing to finish here

@@ -178,11 +178,16 @@ class RunStore(EventStore):
 
     # -- transitions -----------------------------------------------------------------------
 
-    async def mark_running(self, run_id: str) -> bool:
-        """``queued`` → ``running``; False if the run was not queued."""
+    async def mark_running(self, run_id: str, *, announce: StoredEvent | None = None) -> bool:
+        """``queued`` → ``running``; False if the run was not queued. ``announce`` (the run's
+        next event) is appended in the same transaction when the run starts, and only then."""
         async with self._writing() as conn:
             result = await conn.execute(Hot.mark_running, {"run_id": run_id, "now": utcnow()})
-        return result.rowcount == 1
+            if result.rowcount != 1:
+                return False
+            if announce is not None:
+                await self._write_events(conn, run_id, [announce])
+        return True
 
     async def add_usage(self, run_id: str, *, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
         """Add one model call's token counts to the run's usage; returns the new usage."""
