@@ -238,11 +238,12 @@ class Runtime:
             # One hop: the model stops generating now; the executor ends the run only once the
             # request below is durable (it waits for ``cancel_recorded``).
             signalled.request_cancel(as_cancel_mode(mode), recorded=False)
+        written: RunRecord | None = None
         try:
-            record = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor)
+            record = written = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor)
         finally:
             if signalled is not None:
-                signalled.cancel_recorded()
+                signalled.cancel_recorded(written)
         await self.store.add_audit([AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})])
         executor = self._executors.get(run_id)  # again: it may have parked meanwhile
         if executor is not None and not executor.parked:

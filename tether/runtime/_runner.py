@@ -115,6 +115,7 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         self._next_seq = next_seq
         #: Clear while a cancel request signalled here is being written by the runtime.
         self._cancel_durable = asyncio.Event()
+        self._cancel_record: RunRecord | None = None
         self._cancel_durable.set()
 
     @property
@@ -140,8 +141,11 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         if mode == "hard" and self._tools_scope is not None:
             self._tools_scope.cancel()
 
-    def cancel_recorded(self) -> None:
-        """The runtime's attempt to record the cancel request is over (written, or failed)."""
+    def cancel_recorded(self, record: RunRecord | None = None) -> None:
+        """The runtime's attempt to record the cancel request is over: written (``record``, the
+        run as the request left it), or failed (None)."""
+        if record is not None and record.status == "cancelling":
+            self._cancel_record = record
         self._cancel_durable.set()
 
     def steer(self, content: str) -> str:
@@ -431,7 +435,8 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
                 self._partial_message_id = outcome.message_id
                 await self.store.update_message(outcome.message_id, status="cancelled")
         await self._cancel_durable.wait()  # a cancel signalled before it was written: its record first
-        current = await self.store.get_run(self.run.id)
+        # The request's record, as this process wrote it (who asked, why); read it otherwise.
+        current = self._cancel_record or await self.store.get_run(self.run.id)
         if current.status == "running" and self.cancel_mode:
             # The runtime could not record the cancel it signalled (a store fault): record it here.
             current = await self.store.request_cancel(self.run.id, mode=self.cancel_mode, reason=None, actor="system")
