@@ -9,6 +9,7 @@ process of the cluster is left, its port is closed and its directory is removed.
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import re
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +59,25 @@ def _assert_gone(directory: str, port: int) -> None:
         except OSError:  # the process ended meanwhile
             pass
     assert not left, f"processes of the cluster still run: {left}"
+
+
+def _wait_until_a_test_made_its_database(proc: subprocess.Popen[str], port: int) -> None:
+    """Wait until a test of the inner pytest created its database (``tether_t_…``) on the
+    throwaway cluster at ``port``: pytest is then in the middle of the tests."""
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+    async def test_databases() -> int:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM pg_database WHERE datname LIKE 'tether\\_t\\_%'"))
+        finally:
+            await conn.close()
+
+    deadline = time.monotonic() + 120
+    while asyncio.run(test_databases()) == 0:
+        assert proc.poll() is None, "the inner scripts/test ended before a test created its database"
+        assert time.monotonic() < deadline, "no test created its database on the throwaway cluster within 120 s"
+        time.sleep(0.05)
 
 
 def test_a_throwaway_cluster_serves_the_tests_and_is_gone_afterwards() -> None:
@@ -97,7 +118,7 @@ def test_ctrl_c_in_the_middle_of_pytest_still_removes_the_cluster() -> None:
                 break
         match = CLUSTER_LINE.search("".join(lines))
         assert match is not None, "".join(lines)
-        time.sleep(3)  # into the tests (they take well over ten seconds)
+        _wait_until_a_test_made_its_database(proc, int(match.group(2)))  # in the middle of the tests
         os.killpg(proc.pid, signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:
