@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "test"
 #: One real PostgreSQL test, run by the inner pytest on the throwaway cluster.
 PG_TEST = "tests/test_store.py::test_opening_an_empty_database_creates_the_whole_schema_at_the_latest_revision[postgresql]"
+#: The inner pytest runs in one process (-n 0): these tests are about the cluster's life, and
+#: two more worker processes would only slow them down.
+INNER_PYTEST = ["-n", "0"]
 CLUSTER_LINE = re.compile(r"^== postgresql: throwaway cluster in (\S+) on port (\d+)", re.MULTILINE)
 
 pytestmark = [
@@ -82,7 +85,7 @@ def _wait_until_a_test_made_its_database(proc: subprocess.Popen[str], port: int)
 
 def test_a_throwaway_cluster_serves_the_tests_and_is_gone_afterwards() -> None:
     done = subprocess.run(
-        [str(SCRIPT), "-q", "-p", "no:cacheprovider", PG_TEST],
+        [str(SCRIPT), "-q", "-p", "no:cacheprovider", *INNER_PYTEST, PG_TEST],
         cwd=ROOT,
         env=_env(),
         capture_output=True,
@@ -101,7 +104,7 @@ def test_a_throwaway_cluster_serves_the_tests_and_is_gone_afterwards() -> None:
 def test_ctrl_c_in_the_middle_of_pytest_still_removes_the_cluster() -> None:
     # Its own process group, which gets the SIGINT as a terminal's Ctrl-C would send it.
     proc = subprocess.Popen(
-        [str(SCRIPT), "-q", "-p", "no:cacheprovider", "tests/test_store.py", "-k", "postgresql"],
+        [str(SCRIPT), "-q", "-p", "no:cacheprovider", *INNER_PYTEST, "tests/test_store.py", "-k", "postgresql"],
         cwd=ROOT,
         env=_env(),
         stdout=subprocess.PIPE,
