@@ -46,6 +46,9 @@ pytestmark = [
 def _env() -> dict[str, str]:
     env = {**os.environ, "TETHER_TEST_POSTGRES": "throwaway", "TETHER_TEST_SKIP_INSTALL": "1", "PYTHON": sys.executable}
     env.pop("TETHER_TEST_POSTGRES_URL", None)
+    # A pytest-xdist worker's variables: the inner pytest is a run of its own, not a worker.
+    for name in [n for n in env if n.startswith("PYTEST_XDIST_")]:
+        del env[name]
     return env
 
 
