@@ -14,6 +14,7 @@ never hide behind a test that only looked at the HTTP answers.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -273,6 +274,17 @@ class ServerProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@contextlib.contextmanager
+def install_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (created if missing) while checking for and
+    installing what the tests need there: test processes running in parallel (``pytest -n``)
+    then install it once, never into each other."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
 
 
 def script(*steps: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from pydantic import TypeAdapter
 
 from tether.agui import Cursor
 
-from .conftest import LiveServer, script
+from .conftest import LiveServer, install_lock, script
 
 pytestmark = pytest.mark.anyio
 
@@ -45,13 +45,13 @@ EVENT = TypeAdapter(Event)
 def node_modules() -> Path:
     """``@ag-ui/client`` from the npm registry, installed once into tests/.node/agui/."""
     modules = NODE_DIR / "node_modules"
-    if not (modules / "@ag-ui" / "client" / "package.json").exists():
-        NODE_DIR.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["npm", "install", "--prefix", str(NODE_DIR), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", AGUI_CLIENT],
-            check=True,
-            timeout=300,
-        )
+    with install_lock(NODE_DIR):
+        if not (modules / "@ag-ui" / "client" / "package.json").exists():
+            subprocess.run(
+                ["npm", "install", "--prefix", str(NODE_DIR), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", AGUI_CLIENT],
+                check=True,
+                timeout=300,
+            )
     version = json.loads((modules / "@ag-ui" / "client" / "package.json").read_text())["version"]
     assert version == AGUI_CLIENT.rsplit("@", 1)[1], f"tests/.node/agui has @ag-ui/client {version}; remove the folder to reinstall"
     return modules

@@ -21,7 +21,9 @@ import pytest
 
 from .conftest import ServerProcess, script
 
-pytestmark = pytest.mark.anyio
+#: The suite's busiest tests (many processes, SIGKILLs, whole-API fuzzing) run one after another
+#: in one pytest-xdist worker, so they never compete with each other for the machine's cores.
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("heavy")]
 
 LEASE_S = 1.5
 TERMINAL = {"done", "error", "cancelled"}

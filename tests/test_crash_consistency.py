@@ -27,7 +27,9 @@ import pytest
 
 from .conftest import ServerProcess, script
 
-pytestmark = pytest.mark.anyio
+#: The suite's busiest tests (many processes, SIGKILLs, whole-API fuzzing) run one after another
+#: in one pytest-xdist worker, so they never compete with each other for the machine's cores.
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("heavy")]
 
 TERMINAL = {"done", "error", "cancelled"}
 ROUNDS = 10  # one kill per round

@@ -14,7 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import ServerProcess
+
+#: The suite's busiest tests (many processes, SIGKILLs, whole-API fuzzing) run one after another
+#: in one pytest-xdist worker, so they never compete with each other for the machine's cores.
+pytestmark = pytest.mark.xdist_group("heavy")
 
 #: Test cases per operation and the time budget of one run (per backend).
 MAX_EXAMPLES = 8

@@ -9,6 +9,7 @@ process of the cluster is left, its port is closed and its directory is removed.
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import re
@@ -20,12 +21,16 @@ import sys
 import time
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "test"
 #: One real PostgreSQL test, run by the inner pytest on the throwaway cluster.
 PG_TEST = "tests/test_store.py::test_opening_an_empty_database_creates_the_whole_schema_at_the_latest_revision[postgresql]"
+#: The inner pytest runs in one process (-n 0): these tests are about the cluster's life, and
+#: two more worker processes would only slow them down.
+INNER_PYTEST = ["-n", "0"]
 CLUSTER_LINE = re.compile(r"^== postgresql: throwaway cluster in (\S+) on port (\d+)", re.MULTILINE)
 
 pytestmark = [
@@ -41,6 +46,9 @@ pytestmark = [
 def _env() -> dict[str, str]:
     env = {**os.environ, "TETHER_TEST_POSTGRES": "throwaway", "TETHER_TEST_SKIP_INSTALL": "1", "PYTHON": sys.executable}
     env.pop("TETHER_TEST_POSTGRES_URL", None)
+    # A pytest-xdist worker's variables: the inner pytest is a run of its own, not a worker.
+    for name in [n for n in env if n.startswith("PYTEST_XDIST_")]:
+        del env[name]
     return env
 
 
@@ -59,9 +67,28 @@ def _assert_gone(directory: str, port: int) -> None:
     assert not left, f"processes of the cluster still run: {left}"
 
 
+def _wait_until_a_test_made_its_database(proc: subprocess.Popen[str], port: int) -> None:
+    """Wait until a test of the inner pytest created its database (``tether_t_…``) on the
+    throwaway cluster at ``port``: pytest is then in the middle of the tests."""
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+    async def test_databases() -> int:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM pg_database WHERE datname LIKE 'tether\\_t\\_%'"))
+        finally:
+            await conn.close()
+
+    deadline = time.monotonic() + 120
+    while asyncio.run(test_databases()) == 0:
+        assert proc.poll() is None, "the inner scripts/test ended before a test created its database"
+        assert time.monotonic() < deadline, "no test created its database on the throwaway cluster within 120 s"
+        time.sleep(0.05)
+
+
 def test_a_throwaway_cluster_serves_the_tests_and_is_gone_afterwards() -> None:
     done = subprocess.run(
-        [str(SCRIPT), "-q", "-p", "no:cacheprovider", PG_TEST],
+        [str(SCRIPT), "-q", "-p", "no:cacheprovider", *INNER_PYTEST, PG_TEST],
         cwd=ROOT,
         env=_env(),
         capture_output=True,
@@ -80,7 +107,7 @@ def test_a_throwaway_cluster_serves_the_tests_and_is_gone_afterwards() -> None:
 def test_ctrl_c_in_the_middle_of_pytest_still_removes_the_cluster() -> None:
     # Its own process group, which gets the SIGINT as a terminal's Ctrl-C would send it.
     proc = subprocess.Popen(
-        [str(SCRIPT), "-q", "-p", "no:cacheprovider", "tests/test_store.py", "-k", "postgresql"],
+        [str(SCRIPT), "-q", "-p", "no:cacheprovider", *INNER_PYTEST, "tests/test_store.py", "-k", "postgresql"],
         cwd=ROOT,
         env=_env(),
         stdout=subprocess.PIPE,
@@ -97,7 +124,7 @@ def test_ctrl_c_in_the_middle_of_pytest_still_removes_the_cluster() -> None:
                 break
         match = CLUSTER_LINE.search("".join(lines))
         assert match is not None, "".join(lines)
-        time.sleep(3)  # into the tests (they take well over ten seconds)
+        _wait_until_a_test_made_its_database(proc, int(match.group(2)))  # in the middle of the tests
         os.killpg(proc.pid, signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:

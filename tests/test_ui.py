@@ -32,7 +32,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from .conftest import LiveServer, script, sqlite_url
+from .conftest import LiveServer, install_lock, script, sqlite_url
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -138,13 +138,13 @@ def shot(page: Page, name: str, focus: Locator | None = None, *, desktop: bool =
 def axe_source() -> str:
     """axe-core's ``axe.min.js``, from the npm registry (installed once into tests/.node/)."""
     path = NODE_DIR / "node_modules" / "axe-core" / "axe.min.js"
-    if not path.exists():
-        NODE_DIR.mkdir(exist_ok=True)
-        subprocess.run(
-            ["npm", "install", "--prefix", str(NODE_DIR), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", AXE_CORE],
-            check=True,
-            timeout=300,
-        )
+    with install_lock(NODE_DIR):
+        if not path.exists():
+            subprocess.run(
+                ["npm", "install", "--prefix", str(NODE_DIR), "--no-save", "--no-audit", "--no-fund", "--loglevel=error", AXE_CORE],
+                check=True,
+                timeout=300,
+            )
     return path.read_text()
 
 
