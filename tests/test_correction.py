@@ -639,7 +639,15 @@ class CorrectionMachine(RuleBasedStateMachine):
 
     @rule(content=SCRIPTS, data=st.data())
     def fork(self, content: str, data: st.DataObject) -> None:
-        parent = data.draw(st.sampled_from([None, *self.seen]), label="parent")
+        self._fork(content, data.draw(st.sampled_from(self.seen), label="parent"))
+
+    @rule(content=SCRIPTS)
+    def new_root(self, content: str) -> None:
+        # A rule of its own (not a ``None`` among the fork's parents): drawn as often as any
+        # other rule, so every run of the machine starts new roots.
+        self._fork(content, None)
+
+    def _fork(self, content: str, parent: str | None) -> None:
         leaf_before, tree_before = self._active_leaf(), dict(self.tree)
         response = self._start({"input": {"content": content}, "parent_id": parent})
         if parent is not None and _unanswered_calls(self._path(parent)):
