@@ -641,6 +641,15 @@ class CorrectionMachine(RuleBasedStateMachine):
     def fork(self, content: str, data: st.DataObject) -> None:
         self._fork(content, data.draw(st.sampled_from(self.seen), label="parent"))
 
+    def _inside_tool_turns(self) -> list[str]:
+        return [i for i in self.seen if _unanswered_calls(self._path(i))]
+
+    @precondition(lambda self: bool(self._inside_tool_turns()))
+    @rule(content=SCRIPTS, data=st.data())
+    def fork_inside_a_tool_turn(self, content: str, data: st.DataObject) -> None:
+        # Also a rule of its own: a random parent is rarely inside a tool turn.
+        self._fork(content, data.draw(st.sampled_from(self._inside_tool_turns()), label="parent inside a tool turn"))
+
     @rule(content=SCRIPTS)
     def new_root(self, content: str) -> None:
         # A rule of its own (not a ``None`` among the fork's parents): drawn as often as any
