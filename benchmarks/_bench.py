@@ -97,21 +97,21 @@ def versions(names: Sequence[str] = ("uvicorn", "uvloop", "httptools", "starlett
     return ", ".join(found)
 
 
-def tether_revision() -> str:
-    """The commit of the Tether being measured (this checkout), and whether ``tether/`` differs from it."""
+def tether_revision(repo: Path = REPO) -> str:
+    """The commit of the Tether being measured (this checkout, or ``repo``), and whether ``tether/`` differs from it."""
     try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "tether"], capture_output=True, text=True, check=True).stdout.strip()
+        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", "tether"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown revision"
-    return f"{rev}{' with uncommitted changes in tether/' if dirty else ''} ({REPO})"
+    return f"{rev}{' with uncommitted changes in tether/' if dirty else ''} ({repo})"
 
 
-def subprocess_env() -> dict[str, str]:
-    """The environment of a server subprocess: this checkout's ``tether`` first on the path, so
-    a worktree is measured even when another checkout is installed in editable mode."""
+def subprocess_env(repo: Path = REPO) -> dict[str, str]:
+    """The environment of a server subprocess: this checkout's ``tether`` (or ``repo``'s) first on
+    the path, so a worktree is measured even when another checkout is installed in editable mode."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -133,14 +133,14 @@ class Server:
     :meth:`wait_until_ready` can say how long the start-up took.
     """
 
-    def __init__(self, name: str, argv: list[str], port: int, log_path: Path) -> None:
+    def __init__(self, name: str, argv: list[str], port: int, log_path: Path, *, code: Path = REPO) -> None:
         self.name = name
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.started_at = time.perf_counter()
-        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env=subprocess_env())
+        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=code, env=subprocess_env(code))
 
     @property
     def pid(self) -> int:

@@ -7,6 +7,7 @@ PostgreSQL figures need a server where ``CREATE DATABASE`` works, trust auth is 
     python benchmarks/scale.py --quick                  # tiny sizes, 2 rounds: does it work? (≈ 1 min)
     python benchmarks/scale.py --only scaleout          # 1, 2 and 3 processes on one PostgreSQL
     python benchmarks/scale.py --db sqlite --only stream,burst --rounds 7 --json out.json
+    python benchmarks/scale.py --baseline ../tether-base   # A/B: a worktree's servers beside this one's, same rounds
 
 Three kinds of server, each a subprocess on a free localhost port with the uvicorn settings of
 ``tether demo``, at log level ``warning``:
@@ -78,6 +79,7 @@ sys.path.insert(0, str(HERE))
 
 from _bench import (  # noqa: E402  # after the sys.path entry
     DEFAULT_POSTGRES_URL,
+    REPO,
     PgDatabase,
     Server,
     StreamClient,
@@ -103,7 +105,18 @@ DEFAULT_SCENARIOS = SCENARIOS[:-1]
 
 #: Endpoint keys, in the order of the table's columns.
 FLOOR_EVENT, FLOOR, SQLITE, POSTGRES = "floor-event", "floor", "sqlite", "postgres"
-COLUMNS = {FLOOR_EVENT: "floor, one send per event", FLOOR: "floor, batched like Tether", SQLITE: "Tether SQLite", POSTGRES: "Tether PostgreSQL"}
+#: The same Tether servers running another checkout's code (``--baseline``), for A/B comparisons.
+SQLITE_BASE, POSTGRES_BASE = "sqlite-base", "postgres-base"
+COLUMNS = {
+    FLOOR_EVENT: "floor, one send per event",
+    FLOOR: "floor, batched like Tether",
+    SQLITE_BASE: "baseline SQLite",
+    SQLITE: "Tether SQLite",
+    POSTGRES_BASE: "baseline PostgreSQL",
+    POSTGRES: "Tether PostgreSQL",
+}
+#: Whose code each Tether endpoint runs (this checkout unless ``--baseline`` names another).
+CODE: dict[str, Path] = {}
 
 
 @dataclass
@@ -552,7 +565,7 @@ async def scenario_startup(ep: Endpoint, sz: Sizes) -> dict[str, float]:
 
     def start(argv_of: Callable[[int], list[str]], label: str) -> tuple[float, Server]:
         port = free_port()
-        server = Server(f"startup-{label}", argv_of(port), port, tmp / f"startup-{label}-{n}-{port}.log")
+        server = Server(f"startup-{label}", argv_of(port), port, tmp / f"startup-{label}-{n}-{port}.log", code=CODE.get(label, REPO))
         return server.wait_until_ready(), server
 
     async def idle_rss(server: Server) -> float:
@@ -566,7 +579,7 @@ async def scenario_startup(ep: Endpoint, sz: Sizes) -> dict[str, float]:
         finally:
             server.stop()
     db: PgDatabase | None = None
-    if ep.key == POSTGRES:
+    if ep.key in (POSTGRES, POSTGRES_BASE):
         db = PgDatabase(STARTUP.postgres_url)
         await db.acreate()
         url = db.url
@@ -588,15 +601,16 @@ async def scenario_startup(ep: Endpoint, sz: Sizes) -> dict[str, float]:
 Scenario = Callable[[Endpoint, Sizes], Awaitable[dict[str, float]]]
 
 #: Scenario → (function, endpoints it runs on).
+_TETHER = (SQLITE, SQLITE_BASE, POSTGRES, POSTGRES_BASE)  # the baselines run only with --baseline
 PLAN: dict[str, tuple[Scenario, tuple[str, ...]]] = {
-    "stream": (scenario_stream, (FLOOR_EVENT, FLOOR, SQLITE, POSTGRES)),
-    "burst": (scenario_burst, (FLOOR_EVENT, FLOOR, SQLITE, POSTGRES)),
-    "paced": (scenario_paced, (FLOOR, SQLITE, POSTGRES)),
-    "first-token": (scenario_first_token, (FLOOR, SQLITE, POSTGRES)),
-    "approve": (scenario_approve, (FLOOR, SQLITE, POSTGRES)),
-    "cancel": (scenario_cancel, (FLOOR, SQLITE, POSTGRES)),
-    "parked": (scenario_parked, (SQLITE, POSTGRES)),
-    "startup": (scenario_startup, (FLOOR, SQLITE, POSTGRES)),
+    "stream": (scenario_stream, (FLOOR_EVENT, FLOOR, *_TETHER)),
+    "burst": (scenario_burst, (FLOOR_EVENT, FLOOR, *_TETHER)),
+    "paced": (scenario_paced, (FLOOR, *_TETHER)),
+    "first-token": (scenario_first_token, (FLOOR, *_TETHER)),
+    "approve": (scenario_approve, (FLOOR, *_TETHER)),
+    "cancel": (scenario_cancel, (FLOOR, *_TETHER)),
+    "parked": (scenario_parked, _TETHER),
+    "startup": (scenario_startup, (FLOOR, *_TETHER)),
 }
 
 
@@ -894,6 +908,12 @@ def parse_args() -> tuple[argparse.Namespace, Sizes, list[str]]:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for checking that it works (a smoke run, not a measurement)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw per-round figures to this file")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout of Tether (a git worktree) whose servers run beside this one's in the same interleaved rounds, as extra columns",
+    )
+    parser.add_argument(
         "--postgres-url", default=DEFAULT_POSTGRES_URL, help=f"a database on the server to create the temporary ones on (default {DEFAULT_POSTGRES_URL})"
     )
     defaults = Sizes()
@@ -923,6 +943,10 @@ def parse_args() -> tuple[argparse.Namespace, Sizes, list[str]]:
 
 def main() -> None:
     args, sz, scenarios = parse_args()
+    for key in (SQLITE, POSTGRES):
+        CODE[key] = REPO
+    for key in (SQLITE_BASE, POSTGRES_BASE):
+        CODE[key] = args.baseline or REPO
     try:
         import uvloop
 
@@ -941,7 +965,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         if round_scenarios or "structure" in scenarios:
             servers: list[Server] = []
-            db: PgDatabase | None = None
+            databases: list[PgDatabase] = []
             try:
                 eps: dict[str, Endpoint] = {}
                 port = free_port()
@@ -949,16 +973,19 @@ def main() -> None:
                 servers.append(floor)
                 eps[FLOOR_EVENT] = Endpoint(FLOOR_EVENT, floor, floor=True, batch=False)
                 eps[FLOOR] = Endpoint(FLOOR, floor, floor=True, batch=True)
-                if SQLITE in dbs:
+                sqlite_keys = [SQLITE, SQLITE_BASE] if args.baseline else [SQLITE]
+                postgres_keys = [POSTGRES, POSTGRES_BASE] if args.baseline else [POSTGRES]
+                for key in sqlite_keys if SQLITE in dbs else []:
                     port = free_port()
-                    servers.append(s := Server("sqlite", tether_argv(port, f"sqlite:///{tmp / 'bench.db'}"), port, tmp / "sqlite.log"))
-                    eps[SQLITE] = Endpoint(SQLITE, s, floor=False)
-                if POSTGRES in dbs:
-                    db = PgDatabase(args.postgres_url).create()
-                    print(f"database {db.name} created", file=sys.stderr)
+                    servers.append(s := Server(key, tether_argv(port, f"sqlite:///{tmp / f'{key}.db'}"), port, tmp / f"{key}.log", code=CODE[key]))
+                    eps[key] = Endpoint(key, s, floor=False)
+                for key in postgres_keys if POSTGRES in dbs else []:
+                    pg = PgDatabase(args.postgres_url).create()
+                    databases.append(pg)
+                    print(f"database {pg.name} created", file=sys.stderr)
                     port = free_port()
-                    servers.append(s := Server("postgres", tether_argv(port, db.url), port, tmp / "postgres.log"))
-                    eps[POSTGRES] = Endpoint(POSTGRES, s, floor=False)
+                    servers.append(s := Server(key, tether_argv(port, pg.url), port, tmp / f"{key}.log", code=CODE[key]))
+                    eps[key] = Endpoint(key, s, floor=False)
                 for s in servers:
                     s.wait_until_ready()
                     # The pid is for a profiler: py-spy record --pid <pid> while it runs.
@@ -982,10 +1009,10 @@ def main() -> None:
             finally:
                 for s in servers:
                     s.stop()
-                if db is not None:
-                    pg_server = db.describe_server()
-                    db.drop()
-                    print(f"database {db.name} dropped", file=sys.stderr)
+                for pg in databases:
+                    pg_server = pg.describe_server()
+                    pg.drop()
+                    print(f"database {pg.name} dropped", file=sys.stderr)
         if "scaleout" in scenarios:
             scaleout, pg_server = run_scaleout(runner, sz, args.rounds, tmp, args.postgres_url)
     elapsed = time.monotonic() - started
@@ -994,6 +1021,8 @@ def main() -> None:
     print(f"\n## Tether at scale ({'smoke run, --quick sizes: not a measurement' if args.quick else 'benchmarks/scale.py'})\n")
     print(f"Machine: {machine()}; load average {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end; took {elapsed / 60:.1f} min")
     print(f"Tether: {tether_revision()}")
+    if args.baseline:
+        print(f'Baseline (the "baseline" columns, same rounds, interleaved): {tether_revision(args.baseline)}')
     print(f"Versions: {versions()}")
     if pg_server:
         print(f"PostgreSQL: {pg_server}")
