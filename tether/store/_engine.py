@@ -26,14 +26,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._ids import new_id, utcnow
 from ..errors import Overloaded
-from ._sqlite import InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
+from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 
 __all__ = ["StoreBase", "normalize_db_url", "Writing", "Reading"]
 
 #: What a store operation writes through: the inline SQLite writer, or a PostgreSQL connection.
 Writing = InlineWriter | AsyncConnection
 #: What a store operation reads through.
-Reading = ThreadedReader | InlineWriter | AsyncConnection
+Reading = ThreadedReader | InlineReader | InlineWriter | AsyncConnection
 
 
 def normalize_db_url(url: str) -> str:
@@ -155,6 +155,16 @@ class StoreBase:
         """Reads for the store's own operations (each statement sees the newest commit)."""
         if self._sqlite is not None:
             yield self._sqlite.reader()
+            return
+        async with self._async_reading() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def _point_reading(self) -> AsyncIterator[Reading]:
+        """Reads of a row by its key or a count over an index: on SQLite inline on the loop's
+        thread (cheaper than the hop to a reader thread), else like :meth:`_reading`."""
+        if self._sqlite is not None:
+            yield self._sqlite.point_reader
             return
         async with self._async_reading() as conn:
             yield conn

@@ -56,7 +56,7 @@ class EventStore(StoreBase):
 
     async def last_seq(self, run_id: str) -> int:
         """The highest ``seq`` of a run (0 if none)."""
-        async with self._reading() as conn:
+        async with self._point_reading() as conn:
             return await _last_seq(conn, run_id)
 
     async def send_control(self, message: dict[str, Any]) -> None:

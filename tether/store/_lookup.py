@@ -58,7 +58,7 @@ class LookupStore(StoreBase):
 
     async def find_thread(self, thread_id: str) -> Found[ThreadRecord] | None:
         """A thread, its owner and whether it has interrupts; None if missing."""
-        async with self._reading() as conn:
+        async with self._point_reading() as conn:
             row = (await conn.execute(_THREAD_QUERY, {"row_id": thread_id})).first()
         return None if row is None else Found(thread_record(row), row.id, row.owner, bool(row.tether_reviewable))
 
@@ -73,6 +73,6 @@ class LookupStore(StoreBase):
     async def _find_in_thread(self, table: sa.Table, row_id: str, to_record: Callable[[Any], R]) -> Found[R] | None:
         """A row of ``table`` (which has ``thread_id``) with its thread's owner and whether that
         thread has interrupts, in one query."""
-        async with self._reading() as conn:
+        async with self._point_reading() as conn:
             row = (await conn.execute(_IN_THREAD_QUERIES[table.name], {"row_id": row_id})).first()
         return None if row is None else Found(to_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))

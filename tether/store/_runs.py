@@ -138,7 +138,7 @@ class RunStore(EventStore):
 
     async def get_run(self, run_id: str) -> RunRecord:
         """Read a run; :class:`NotFound` if missing."""
-        async with self._reading() as conn:
+        async with self._point_reading() as conn:
             row = (await conn.execute(Hot.run_by_id, {"run_id": run_id})).first()
         if row is None:
             raise NotFound(f"run {run_id!r} not found", code="run_not_found")
@@ -167,7 +167,7 @@ class RunStore(EventStore):
     async def count_active_runs(self, *, requested_by: str) -> int:
         """How many runs ``requested_by`` started are queued, running or being cancelled (a run
         waiting for a human holds nothing, so it does not count)."""
-        async with self._reading() as conn:
+        async with self._point_reading() as conn:
             return int((await conn.execute(Hot.count_busy_runs, {"requested_by": requested_by})).scalar_one())
 
     async def count_runs_by_status(self) -> dict[str, int]:
