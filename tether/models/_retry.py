@@ -80,31 +80,25 @@ async def stream_with_retries(model: Model, request: ModelRequest, policy: Retry
         attempt += 1
         call = replace(request, usage=Usage())
         streamed = False
-        silence = _Silence(policy.idle_timeout_s) if policy.idle_timeout_s is not None else None
+        silence = _Silence(policy.idle_timeout_s)
         try:
             async with aclosing(model.stream(call)) as stream:  # type: ignore[type-var]  # Model.stream is an async generator
                 while True:
-                    if silence is None:
-                        try:
-                            delta = await anext(stream)
-                        except StopAsyncIteration:
-                            return
-                    else:
-                        silence.waiting()
-                        try:
-                            delta = await anext(stream)
-                        except StopAsyncIteration:
-                            return
-                        except asyncio.CancelledError:
-                            if silence.caused_cancel():
-                                raise ModelError(
-                                    f"model provider sent nothing for {policy.idle_timeout_s:g} s",
-                                    retryable=True,
-                                    code="model_timeout",
-                                ) from None
-                            raise
-                        finally:
-                            silence.waiting_over()
+                    silence.waiting()
+                    try:
+                        delta = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+                    except asyncio.CancelledError:
+                        if silence.caused_cancel():
+                            raise ModelError(
+                                f"model provider sent nothing for {policy.idle_timeout_s:g} s",
+                                retryable=True,
+                                code="model_timeout",
+                            ) from None
+                        raise
+                    finally:
+                        silence.waiting_over()
                     streamed = True
                     yield delta
         except ModelError as exc:
@@ -122,13 +116,12 @@ async def stream_with_retries(model: Model, request: ModelRequest, policy: Retry
                 on_retry(attempt, delay, exc)
             await anyio.sleep(delay)
         finally:
-            if silence is not None:
-                silence.cancel()
+            silence.cancel()
             request.usage.add(call.usage)
 
 
 class _Silence:
-    """Cancels the calling task when a wait for the next delta lasts ``seconds``.
+    """Cancels the calling task when a wait for the next delta lasts ``seconds`` (never with None).
 
     Like ``asyncio.timeout`` around each wait, but with one timer per attempt instead of one per
     delta (:class:`~tether._idle.IdleTimer`): a wait only reads the clock. It cancels only while
@@ -137,18 +130,19 @@ class _Silence:
     anyone else's, as ``asyncio.timeout`` does (``uncancel``).
     """
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float | None) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._task = task
         self._cancelling = task.cancelling()
         self._waiting = False
         self._expired = False
-        self._timer = IdleTimer(seconds, self._on_idle)
+        self._timer = IdleTimer(seconds, self._on_idle) if seconds is not None else None
 
     def waiting(self) -> None:
         self._waiting = True
-        self._timer.touch()
+        if self._timer is not None:
+            self._timer.touch()
 
     def waiting_over(self) -> None:
         self._waiting = False
@@ -156,7 +150,7 @@ class _Silence:
     def _on_idle(self) -> None:
         if self._waiting and not self._expired:
             self._expired = True
-            self._timer.cancel()
+            self.cancel()
             self._task.cancel()
 
     def caused_cancel(self) -> bool:
@@ -164,7 +158,8 @@ class _Silence:
         return self._expired and self._task.uncancel() <= self._cancelling
 
     def cancel(self) -> None:
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
