@@ -154,7 +154,7 @@ class StoreBase:
     async def _reading(self) -> AsyncIterator[Reading]:
         """Reads for the store's own operations (each statement sees the newest commit)."""
         if self._sqlite is not None:
-            yield self._sqlite.reader()
+            yield self._sqlite.reader
             return
         async with self._async_reading() as conn:
             yield conn

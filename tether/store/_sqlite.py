@@ -43,8 +43,8 @@ from sqlalchemy.sql.selectable import TypedReturnsRows
 
 __all__ = ["SQLiteConnections", "InlineWriter", "InlineReader", "ThreadedReader", "sqlite_pragmas", "CHECKPOINT_BYTES"]
 
-#: The WAL size past which a background checkpoint copies it into the database (SQLite's own
-#: automatic checkpoint is at about 4 MiB as well: 1,000 pages).
+#: The WAL size past which the writer's thread checkpoints it into the database and truncates it
+#: (SQLite's own automatic checkpoint is at about 4 MiB as well: 1,000 pages).
 CHECKPOINT_BYTES = 4 * 1024 * 1024
 #: Threads (each with its connection) that run reads.
 READ_THREADS = 4
@@ -74,11 +74,6 @@ class InlineWriter:
 
     async def exec_driver_sql(self, statement: str, parameters: Any = None) -> CursorResult[*tuple[Any, ...]]:
         return self._conn.exec_driver_sql(statement, parameters)
-
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[InlineWriter]:
-        with self._conn.begin():
-            yield self
 
 
 class ThreadedReader:
@@ -132,6 +127,8 @@ class SQLiteConnections:
         self._writer_conn.exec_driver_sql("PRAGMA wal_autocheckpoint=0")
         self._writer_conn.commit()
         self.writer = InlineWriter(self._writer_conn)
+        #: Reads in the reader threads; point reads on the loop's thread.
+        self.reader = ThreadedReader(self)
         self._point_conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         self.point_reader = InlineReader(self._point_conn)
         self._local = threading.local()
@@ -145,8 +142,8 @@ class SQLiteConnections:
     @contextlib.contextmanager
     def writing(self) -> Iterator[InlineWriter]:
         """A write transaction on the event loop's thread (the caller holds the write lock)."""
-        with self.writer.transaction() as writer:
-            yield writer
+        with self._writer_conn.begin():
+            yield self.writer
 
     async def write_in_thread(self, fn: Callable[[sa.Connection], None]) -> None:
         """``fn(connection)`` as one write transaction in the writer's thread (the caller holds
@@ -170,10 +167,6 @@ class SQLiteConnections:
         with self._writer_conn.begin():
             fn(self._writer_conn)
         self._checkpoint_if_due()
-
-    def reader(self) -> ThreadedReader:
-        """Where reads go: the reader threads."""
-        return ThreadedReader(self)
 
     async def read(self, fn: Any) -> Any:
         """``fn(connection)`` in a reader thread, on that thread's own connection."""
