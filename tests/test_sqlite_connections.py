@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -25,6 +26,16 @@ from .conftest import sqlite_url
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    """A store on a fresh SQLite file (``tmp_path / "tether.db"``)."""
+    opened = await Store.open(sqlite_url(tmp_path))
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
 async def _run(store: Store) -> str:
     thread = await store.create_thread(owner="local", metadata={})
     run, _message, _started = await store.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})
@@ -38,66 +49,58 @@ def _tokens(run_id: str, first_seq: int, count: int, text: str) -> list[StoredEv
     ]
 
 
-async def test_the_wal_is_checkpointed_in_the_background_and_stays_bounded(tmp_path: Path) -> None:
+async def test_the_wal_is_checkpointed_in_the_background_and_stays_bounded(store: Store, tmp_path: Path) -> None:
     # The writer never checkpoints itself (wal_autocheckpoint=0): without the background
     # checkpoints the WAL would hold every page written, here about 10x CHECKPOINT_BYTES.
-    store = await Store.open(sqlite_url(tmp_path))
-    try:
-        run_id = await _run(store)
-        text = "x" * 2000
-        seq = 2
-        written = 0
-        while written < 10 * CHECKPOINT_BYTES:
-            batch = _tokens(run_id, seq, 64, text)
-            await store.append_events(run_id, batch)
-            seq += len(batch)
-            written += sum(len(e.envelope) for e in batch)
-        wal = Path(str(tmp_path / "tether.db") + "-wal")
-        assert wal.exists()
-        assert wal.stat().st_size < 4 * CHECKPOINT_BYTES, f"the WAL grew to {wal.stat().st_size} bytes"
-        assert store._sqlite is not None and store._sqlite.checkpoints >= 5
-        assert await store.last_seq(run_id) == seq - 1
-        assert len(await store.read_events(run_id, after_seq=seq - 1001, limit=1000)) == 1000
-    finally:
-        await store.aclose()
+    run_id = await _run(store)
+    text = "x" * 2000
+    seq = 2
+    written = 0
+    while written < 10 * CHECKPOINT_BYTES:
+        batch = _tokens(run_id, seq, 64, text)
+        await store.append_events(run_id, batch)
+        seq += len(batch)
+        written += sum(len(e.envelope) for e in batch)
+    wal = Path(str(tmp_path / "tether.db") + "-wal")
+    assert wal.exists()
+    assert wal.stat().st_size < 4 * CHECKPOINT_BYTES, f"the WAL grew to {wal.stat().st_size} bytes"
+    assert store._sqlite is not None and store._sqlite.checkpoints >= 5
+    assert await store.last_seq(run_id) == seq - 1
+    assert len(await store.read_events(run_id, after_seq=seq - 1001, limit=1000)) == 1000
 
 
-async def test_a_cancelled_group_commit_keeps_the_write_lock_until_its_transaction_ended(tmp_path: Path) -> None:
-    store = await Store.open(sqlite_url(tmp_path))
-    try:
-        run_id = await _run(store)
-        connections = store._sqlite
-        lock = store._write_lock
-        assert connections is not None and lock is not None
-        inside = threading.Event()
-        release = threading.Event()
+async def test_a_cancelled_group_commit_keeps_the_write_lock_until_its_transaction_ended(store: Store) -> None:
+    run_id = await _run(store)
+    connections = store._sqlite
+    lock = store._write_lock
+    assert connections is not None and lock is not None
+    inside = threading.Event()
+    release = threading.Event()
 
-        def slow_write(conn: sa.Connection) -> None:
-            conn.exec_driver_sql("INSERT INTO events (run_id, seq, type, envelope) VALUES (?, 2, 'token', '{}')", (run_id,))
-            inside.set()
-            release.wait(timeout=30)
+    def slow_write(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("INSERT INTO events (run_id, seq, type, envelope) VALUES (?, 2, 'token', '{}')", (run_id,))
+        inside.set()
+        release.wait(timeout=30)
 
-        async def commit() -> None:
-            async with lock:
-                await connections.write_in_thread(slow_write)
+    async def commit() -> None:
+        async with lock:
+            await connections.write_in_thread(slow_write)
 
-        task = asyncio.create_task(commit())
-        with anyio.fail_after(10):
-            while not inside.is_set():
-                await asyncio.sleep(0.001)
-        task.cancel()
-        await asyncio.sleep(0)  # let the cancellation reach the task
-        assert not task.done() and lock.locked()  # the thread still writes: the lock stays taken
-        release.set()
-        with pytest.raises(asyncio.CancelledError), anyio.fail_after(10):
-            await task
-        assert not lock.locked()
-        # The transaction that was under way committed; the connection is usable again.
-        assert [e.seq for e in await store.read_events(run_id)] == [1, 2]
-        await store.append_events(run_id, _tokens(run_id, 3, 1, "after"))
-        assert [e.seq for e in await store.read_events(run_id)] == [1, 2, 3]
-    finally:
-        await store.aclose()
+    task = asyncio.create_task(commit())
+    with anyio.fail_after(10):
+        while not inside.is_set():
+            await asyncio.sleep(0.001)
+    task.cancel()
+    await asyncio.sleep(0)  # let the cancellation reach the task
+    assert not task.done() and lock.locked()  # the thread still writes: the lock stays taken
+    release.set()
+    with pytest.raises(asyncio.CancelledError), anyio.fail_after(10):
+        await task
+    assert not lock.locked()
+    # The transaction that was under way committed; the connection is usable again.
+    assert [e.seq for e in await store.read_events(run_id)] == [1, 2]
+    await store.append_events(run_id, _tokens(run_id, 3, 1, "after"))
+    assert [e.seq for e in await store.read_events(run_id)] == [1, 2, 3]
 
 
 async def test_an_in_memory_database_reads_and_writes_on_its_one_connection() -> None:
@@ -113,40 +116,36 @@ async def test_an_in_memory_database_reads_and_writes_on_its_one_connection() ->
         await store.aclose()
 
 
-async def test_reads_run_in_reader_threads_and_see_every_commit(tmp_path: Path) -> None:
-    store = await Store.open(sqlite_url(tmp_path))
-    try:
-        run_id = await _run(store)
-        seen_threads: set[str] = set()
-        connections = store._sqlite
-        assert connections is not None
+async def test_reads_run_in_reader_threads_and_see_every_commit(store: Store) -> None:
+    run_id = await _run(store)
+    seen_threads: set[str] = set()
+    connections = store._sqlite
+    assert connections is not None
 
-        def which_thread(conn: sa.Connection) -> None:
-            seen_threads.add(threading.current_thread().name)
+    def which_thread(conn: sa.Connection) -> None:
+        seen_threads.add(threading.current_thread().name)
 
-        await connections.read(which_thread)
-        assert seen_threads and all(name.startswith("tether-sqlite-read") for name in seen_threads)
-        assert threading.current_thread().name not in seen_threads
-        # Many reads at once, interleaved with commits: each read sees at least what was
-        # committed before it started.
-        committed = 1
+    await connections.read(which_thread)
+    assert seen_threads and all(name.startswith("tether-sqlite-read") for name in seen_threads)
+    assert threading.current_thread().name not in seen_threads
+    # Many reads at once, interleaved with commits: each read sees at least what was
+    # committed before it started.
+    committed = 1
 
-        async def reader() -> None:
-            for _ in range(20):
-                floor = committed
-                assert len(await store.read_events(run_id)) >= floor
+    async def reader() -> None:
+        for _ in range(20):
+            floor = committed
+            assert len(await store.read_events(run_id)) >= floor
 
-        async def writer() -> None:
-            nonlocal committed
-            for seq in range(2, 42):
-                await store.append_events(run_id, _tokens(run_id, seq, 1, "w"))
-                committed = seq
+    async def writer() -> None:
+        nonlocal committed
+        for seq in range(2, 42):
+            await store.append_events(run_id, _tokens(run_id, seq, 1, "w"))
+            committed = seq
 
-        with anyio.fail_after(30):
-            await asyncio.gather(writer(), *(reader() for _ in range(8)))
-        assert len(await store.read_events(run_id)) == 41
-    finally:
-        await store.aclose()
+    with anyio.fail_after(30):
+        await asyncio.gather(writer(), *(reader() for _ in range(8)))
+    assert len(await store.read_events(run_id)) == 41
 
 
 async def test_a_store_closes_its_threads(tmp_path: Path) -> None:
