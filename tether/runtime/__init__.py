@@ -73,6 +73,10 @@ class Runtime:
         self._run_tasks: dict[str, asyncio.Task[None]] = {}
         #: Runs that a cancel request of this process is finishing without an executor.
         self._finishing: set[str] = set()
+        #: Runs whose interrupt this process is resolving right now (how many resumes; the
+        #: executor is launched as soon as the write returns), and a cancel that came meanwhile.
+        self._resuming: dict[str, int] = {}
+        self._cancelled_while_resuming: dict[str, RunRecord] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         #: Set by :meth:`open`: then :meth:`aclose` also closes the bus and the store.
@@ -251,6 +255,11 @@ class Runtime:
         elif self._executed_elsewhere(record):
             # Another live process executes it: tell that one (it also re-checks the store).
             await self.store.send_control({"kind": "cancel", "run_id": run_id, "mode": record.cancel_mode or mode})
+        elif run_id in self._resuming:
+            # A resume here is committing: its executor starts in a moment and finds the cancel
+            # recorded (or, if the resume then fails, the resume finishes the run instead).
+            # Finishing it from here as well would write the same seqs twice.
+            self._cancelled_while_resuming[run_id] = record
         elif run_id not in self._finishing:
             # Nothing executes it here (queued, waiting for a human, or orphaned): finish it
             # directly. The conditional write makes a racing finisher harmless; a second cancel
@@ -406,20 +415,42 @@ class Runtime:
                     details=details,
                 )
             )
-        resolved, event, run = await self.store.leave_pending(
-            interrupt_id,
-            to_status="resolved",
-            now=now,
-            decisions=public,
-            turn=turn.to_json(),
-            actor=actor,
-            make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public, actor=actor)),
-            audit_entries=entries,
-        )
-        # No await between the winning write and launch: a cancel arriving now finds the executor.
+        run_id = interrupt.run_id
+        self._resuming[run_id] = self._resuming.get(run_id, 0) + 1
+        try:
+            resolved, event, run = await self.store.leave_pending(
+                interrupt_id,
+                to_status="resolved",
+                now=now,
+                decisions=public,
+                turn=turn.to_json(),
+                actor=actor,
+                make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public, actor=actor)),
+                audit_entries=entries,
+            )
+        except BaseException:
+            if self._resume_over(run_id) and run_id not in self._executors:
+                cancelled = self._cancelled_while_resuming.pop(run_id, None)
+                if cancelled is not None:
+                    # A cancel came while this resume lost: it left the run to us, so finish it.
+                    await self._cancel_without_executor(cancelled)
+            raise
+        if self._resume_over(run_id):
+            self._cancelled_while_resuming.pop(run_id, None)  # the executor finds it in the store
+        # No await between the winning write and launch: a cancel arriving now finds the
+        # executor; one that arrived during the write is found by the executor in the store.
         self.bus.publish(resolved.run_id, [event])
         self.launch(run, resume=resolved)
         return run
+
+    def _resume_over(self, run_id: str) -> bool:
+        """One resume of ``run_id`` ended its write; True when it was the last one under way."""
+        left = self._resuming[run_id] - 1
+        if left:
+            self._resuming[run_id] = left
+            return False
+        del self._resuming[run_id]
+        return True
 
     async def expire(self, interrupt: InterruptRecord) -> bool:
         """Expire a due interrupt: its gated actions are rejected as ``expired`` and the run

@@ -209,6 +209,10 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
                 return recovered
             return await self._loop(recovered)  # type: ignore[arg-type]  # neither WAITING nor an Event
         if self.resume is not None:
+            # A cancel recorded while the resume was committing found no executor to tell.
+            current = await self.store.get_run(self.run.id)
+            if current.status == "cancelling":
+                self.request_cancel(as_cancel_mode(current.cancel_mode))
             return await self._loop(await self._apply_review(self.resume))
         # The run starts and says it is calling the model in one transaction (the first model
         # turn then skips that event): one commit less before the first token.
