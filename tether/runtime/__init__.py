@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._ids import utcnow
@@ -33,6 +33,7 @@ from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
 from ._groupcommit import GroupCommit
 from ._history import HistoryPolicy
 from ._pgbus import PostgresBus
+from ._resumes import ResumesUnderWay
 from ._runner import RunExecutor
 from ._turn import ParkedTurn, turn_messages
 
@@ -73,10 +74,7 @@ class Runtime:
         self._run_tasks: dict[str, asyncio.Task[None]] = {}
         #: Runs that a cancel request of this process is finishing without an executor.
         self._finishing: set[str] = set()
-        #: Runs whose interrupt this process is resolving right now (how many resumes; the
-        #: executor is launched as soon as the write returns), and a cancel that came meanwhile.
-        self._resuming: dict[str, int] = {}
-        self._cancelled_while_resuming: dict[str, RunRecord] = {}
+        self._resumes = ResumesUnderWay()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         #: Set by :meth:`open`: then :meth:`aclose` also closes the bus and the store.
@@ -255,11 +253,8 @@ class Runtime:
         elif self._executed_elsewhere(record):
             # Another live process executes it: tell that one (it also re-checks the store).
             await self.store.send_control({"kind": "cancel", "run_id": run_id, "mode": record.cancel_mode or mode})
-        elif run_id in self._resuming:
-            # A resume here is committing: its executor starts in a moment and finds the cancel
-            # recorded (or, if the resume then fails, the resume finishes the run instead).
-            # Finishing it from here as well would write the same seqs twice.
-            self._cancelled_while_resuming[run_id] = record
+        elif run_id in self._resumes:  # a resume here is committing: it deals with the cancel
+            self._resumes.cancel_came(run_id, record)
         elif run_id not in self._finishing:
             # Nothing executes it here (queued, waiting for a human, or orphaned): finish it
             # directly. The conditional write makes a racing finisher harmless; a second cancel
@@ -328,21 +323,9 @@ class Runtime:
             # never dropped: they join the tree after the results, where a resume puts them.
             for message in turn_messages(turn.calls, turn.steering, thread_id=record.thread_id, run_id=record.id, parent_id=turn.assistant_message_id):
                 await self.store.add_message(message)
-        await self._write_final(record.id, _stored(record.id, seq, cancelled_event(record)), "cancelled", ("cancelling",), None, before)
-
-    async def _write_final(
-        self,
-        run_id: str,
-        final: StoredEvent,
-        status: str,
-        allowed: tuple[str, ...],
-        error: dict[str, Any] | None,
-        before: Sequence[StoredEvent] = (),
-    ) -> bool:
-        written = await self.store.finish_run(run_id, status=status, final_event=final, from_statuses=allowed, error=error, events_before=before)
-        if written:
-            self.bus.publish(run_id, [*before, final])
-        return written
+        final = _stored(record.id, seq, cancelled_event(record))
+        if await self.store.finish_run(record.id, status="cancelled", final_event=final, from_statuses=("cancelling",), events_before=before):
+            self.bus.publish(record.id, [*before, final])
 
     async def steer(self, run_id: str, content: str) -> str:
         """Steer a running run: send it a message (``user_message`` now, history before the next
@@ -416,7 +399,7 @@ class Runtime:
                 )
             )
         run_id = interrupt.run_id
-        self._resuming[run_id] = self._resuming.get(run_id, 0) + 1
+        self._resumes.begin(run_id)
         try:
             resolved, event, run = await self.store.leave_pending(
                 interrupt_id,
@@ -429,28 +412,16 @@ class Runtime:
                 audit_entries=entries,
             )
         except BaseException:
-            if self._resume_over(run_id) and run_id not in self._executors:
-                cancelled = self._cancelled_while_resuming.pop(run_id, None)
-                if cancelled is not None:
-                    # A cancel came while this resume lost: it left the run to us, so finish it.
-                    await self._cancel_without_executor(cancelled)
+            cancelled = self._resumes.end(run_id)
+            if cancelled is not None and run_id not in self._executors:
+                await self._cancel_without_executor(cancelled)  # the cancel left the run to us
             raise
-        if self._resume_over(run_id):
-            self._cancelled_while_resuming.pop(run_id, None)  # the executor finds it in the store
+        self._resumes.end(run_id)  # a cancel meanwhile: the executor finds it in the store
         # No await between the winning write and launch: a cancel arriving now finds the
         # executor; one that arrived during the write is found by the executor in the store.
         self.bus.publish(resolved.run_id, [event])
         self.launch(run, resume=resolved)
         return run
-
-    def _resume_over(self, run_id: str) -> bool:
-        """One resume of ``run_id`` ended its write; True when it was the last one under way."""
-        left = self._resuming[run_id] - 1
-        if left:
-            self._resuming[run_id] = left
-            return False
-        del self._resuming[run_id]
-        return True
 
     async def expire(self, interrupt: InterruptRecord) -> bool:
         """Expire a due interrupt: its gated actions are rejected as ``expired`` and the run
