@@ -598,10 +598,19 @@ class CorrectionMachine(RuleBasedStateMachine):
     # -- talking to the server -------------------------------------------------------------
 
     def _refresh(self) -> None:
-        response = self.http.get(f"/v1/threads/{self.thread_id}/messages", params={"view": "tree"})
-        assert response.status_code == 200, response.text
-        items = response.json()["items"]
+        # Every page: a long machine run grows the tree past one page (100 messages).
+        items: list[Message] = []
+        params: dict[str, Any] = {"view": "tree"}
+        while True:
+            response = self.http.get(f"/v1/threads/{self.thread_id}/messages", params=params)
+            assert response.status_code == 200, response.text
+            page = response.json()
+            items += page["items"]
+            if page["next_cursor"] is None:
+                break
+            params["cursor"] = page["next_cursor"]
         self.tree = {m["id"]: m for m in items}
+        assert len(self.tree) == len(items), "a message listed twice across pages"
         self.seen += [m["id"] for m in items if m["id"] not in self.seen]
 
     def _path(self, leaf_id: str | None) -> list[Message]:
@@ -725,10 +734,12 @@ class CorrectionMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_tree_and_the_active_path_are_sound(self) -> None:
-        response = self.http.get(f"/v1/threads/{self.thread_id}/messages", params={"view": "path"})
+        # One page holds the whole path (a machine run makes at most ~150 messages).
+        response = self.http.get(f"/v1/threads/{self.thread_id}/messages", params={"view": "path", "limit": 1000})
         assert response.status_code == 200, response.text
         self._refresh()
         body = response.json()
+        assert body["next_cursor"] is None
         leaf, path = body["active_leaf_id"], body["items"]
         if not self.tree:
             assert leaf is None and path == []
