@@ -407,6 +407,28 @@ async def test_finish_run_from_a_status_not_allowed_returns_false_and_writes_not
     assert len(await store.pending_interrupts(run_ids=[run.id])) == 1
 
 
+async def test_mark_running_writes_the_start_its_status_event_and_first_answer_together_or_nothing(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, user, _ = await start_run(store, thread)
+    answer = MessageRecord(new_id("msg"), thread.id, user.id, run.id, "assistant", "", status="partial")
+    announce = stored(run.id, 2, Status(stage="model", detail=None))
+    assert await store.mark_running(run.id, announce=announce, message=answer)
+    assert (await store.get_run(run.id)).status == "running"
+    assert await store.read_events(run.id, after_seq=1) == [announce]
+    assert await store.get_message(answer.id) == answer
+    assert (await store.get_thread(thread.id)).active_leaf_id == answer.id
+
+    # A run that is no longer queued (here: cancelled while queued) does not start: nothing of it is written.
+    await finish(store, run.id)
+    second, second_user, _ = await start_run(store, thread)
+    await store.request_cancel(second.id, mode="soft", reason=None, actor="alice")
+    late = MessageRecord(new_id("msg"), thread.id, second_user.id, second.id, "assistant", "", status="partial")
+    assert not await store.mark_running(second.id, announce=stored(second.id, 2, Status(stage="model", detail=None)), message=late)
+    assert (await store.get_run(second.id)).status == "cancelling" and await store.last_seq(second.id) == 1
+    assert late.id not in {m.id for m in await store.thread_messages(thread.id)}
+    assert (await store.get_thread(thread.id)).active_leaf_id == second_user.id
+
+
 async def test_finish_run_appends_events_before_then_the_final_event_with_the_status(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
     run, _, _ = await start_run(store, thread)

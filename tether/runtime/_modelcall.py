@@ -48,7 +48,7 @@ class ModelCalls:
     _partial_message_id: str | None
     _model_scope: anyio.CancelScope | None
     _on_usage: Callable[[Usage], None] | None
-    _model_announced: bool
+    _started_turn: MessageRecord | None
 
     if TYPE_CHECKING:
 
@@ -62,14 +62,14 @@ class ModelCalls:
         its ``tool_call`` events) is durable, so a crash can never leave a stored turn ahead of
         what clients were shown (see :meth:`_store_turn`).
         """
-        message = MessageRecord(new_id("msg"), self.run.thread_id, self._leaf_id, self.run.id, "assistant", "", status="partial")
-        await self.store.add_message(message)
+        message, self._started_turn = self._started_turn, None
+        if message is None:
+            message = self._new_answer()
+            await self.store.add_message(message)
+            self.events.emit(Status(stage="model", detail=None))
+        # else the message and its status event were committed with the run's start
         self._leaf_id = message.id
         self._partial_message_id = message.id
-        if self._model_announced:
-            self._model_announced = False  # committed with the run's start
-        else:
-            self.events.emit(Status(stage="model", detail=None))
         parts: list[str] = []
         requests: list[ToolCallRequest] = []
         failure: Event | None = None
@@ -114,6 +114,10 @@ class ModelCalls:
         await self._store_turn(message.id, request.usage, content=text, status="complete", tool_calls=stored_calls or None)
         self._partial_message_id = None
         return ModelTurn(message.id, text, requests, calls)
+
+    def _new_answer(self) -> MessageRecord:
+        """The (empty, partial) assistant message of the next model turn, child of the leaf."""
+        return MessageRecord(new_id("msg"), self.run.thread_id, self._leaf_id, self.run.id, "assistant", "", status="partial")
 
     def _announce_retry(self, attempt: int, delay: float, error: ModelError) -> None:
         detail = f"retrying in {delay:.1f} s after {error.code} (attempt {attempt + 1} of {self.agent.retry.attempts})"

@@ -97,8 +97,10 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         self._tools_scope: anyio.CancelScope | None = None
         self._partial_message_id: str | None = None
         self._leaf_id: str | None = run.input_message_id
-        #: The next model turn's ``status`` event was already committed (with the run's start).
-        self._model_announced = False
+        #: The first model turn's assistant message, committed with the run's start together
+        #: with the turn's ``status`` event; None once that turn has begun (or when the start
+        #: did not include them).
+        self._started_turn: MessageRecord | None = None
         if takeover and run.status == "cancelling":  # the dead process was already stopping it
             self.cancel_mode = as_cancel_mode(run.cancel_mode)
         #: Steering messages sent into the run, announced but not yet in the history.
@@ -214,15 +216,19 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
             if current.status == "cancelling":
                 self.request_cancel(as_cancel_mode(current.cancel_mode))
             return await self._loop(await self._apply_review(self.resume))
-        # The run starts and says it is calling the model in one transaction (the first model
-        # turn then skips that event): one commit less before the first token.
+        # The run starts, says it is calling the model and stores the (empty, partial) answer of
+        # its first turn in one transaction: two commits less before the first token. Not when
+        # steering messages came before the start: they go into the history ahead of the answer.
         await self.events.wait_for_idle()  # nothing queued ahead of the sealed event
-        announce = self.events.seal(Status(stage="model", detail=None))
-        if await self.store.mark_running(self.run.id, announce=announce):
-            self.events.publish_final(announce)
-            self._model_announced = True
+        first_turn = None if self._steering else self._new_answer()
+        announce = self.events.seal(Status(stage="model", detail=None)) if first_turn else None
+        if await self.store.mark_running(self.run.id, announce=announce, message=first_turn):
+            if announce is not None:
+                self.events.publish_final(announce)
+            self._started_turn = first_turn
         else:
-            self.events.unseal(announce)
+            if announce is not None:
+                self.events.unseal(announce)
             current = await self.store.get_run(self.run.id)
             if current.status != "cancelling":
                 return WAITING  # someone else owns it, or it is terminal: nothing to finish here
@@ -240,9 +246,13 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         tool_specs = self.agent.tool_specs()
         system = [ChatMessage("system", self.agent.system_prompt)] if self.agent.system_prompt else []
         for _ in range(max_steps):
-            if self.cancel_mode:
-                return self._cancelled_event()
-            await self._take_steering(history)
+            if self._started_turn is None:
+                if self.cancel_mode:
+                    return self._cancelled_event()
+                await self._take_steering(history)
+            # else the first turn began with the run's start: it goes on (a cancel stops its
+            # model call at once and stores its answer as cancelled; a steering message that came
+            # meanwhile goes into the history after it, like one sent during the model call).
             history[:] = self.history_policy.apply(history)
             turn = await self._model_turn(ModelRequest(system + history, tool_specs))
             if turn.failure is not None:

@@ -35,7 +35,7 @@ from ._records import (
     run_record,
 )
 from ._tables import Hot, audit, runs
-from ._tree import splits_a_tool_turn
+from ._tree import append_message, splits_a_tool_turn
 
 __all__ = ["RunStore"]
 
@@ -178,15 +178,18 @@ class RunStore(EventStore):
 
     # -- transitions -----------------------------------------------------------------------
 
-    async def mark_running(self, run_id: str, *, announce: StoredEvent | None = None) -> bool:
+    async def mark_running(self, run_id: str, *, announce: StoredEvent | None = None, message: MessageRecord | None = None) -> bool:
         """``queued`` → ``running``; False if the run was not queued. ``announce`` (the run's
-        next event) is appended in the same transaction when the run starts, and only then."""
+        next event) and ``message`` (its first model turn's assistant message, appended as by
+        :meth:`add_message`) are written in the same transaction when the run starts, and only then."""
         async with self._writing() as conn:
             result = await conn.execute(Hot.mark_running, {"run_id": run_id, "now": utcnow()})
             if result.rowcount != 1:
                 return False
             if announce is not None:
                 await self._write_events(conn, run_id, [announce])
+            if message is not None:
+                await append_message(conn, message)
         return True
 
     async def add_usage(self, run_id: str, *, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from .._ids import new_id, utcnow
 from ..errors import Conflict, FieldError, InvalidRequest, NotFound, ThreadBusy
-from ._engine import Reading, StoreBase
+from ._engine import Reading, StoreBase, Writing
 from ._records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
 from ._tables import Hot, has_active_run, messages, threads
 
@@ -159,8 +159,7 @@ class TreeStore(StoreBase):
     async def add_message(self, message: MessageRecord) -> MessageRecord:
         """Append a message to its thread and make it the active leaf."""
         async with self._writing() as conn:
-            await conn.execute(Hot.insert_message, message_values(message))
-            await conn.execute(Hot.set_active_leaf, {"of_thread": message.thread_id, "leaf_id": message.id, "now": utcnow()})
+            await append_message(conn, message)
         return message
 
     async def move_active_leaf(self, thread_id: str, message_id: str | None) -> None:
@@ -242,6 +241,12 @@ class TreeStore(StoreBase):
                 raise ThreadBusy(f"thread {original.thread_id!r} has an active run; edit after it ends")
             await conn.execute(messages.insert().values(**message_values(edited)))
         return edited
+
+
+async def append_message(conn: Writing, message: MessageRecord) -> None:
+    """Insert ``message`` and make it its thread's active leaf (in the caller's transaction)."""
+    await conn.execute(Hot.insert_message, message_values(message))
+    await conn.execute(Hot.set_active_leaf, {"of_thread": message.thread_id, "leaf_id": message.id, "now": utcnow()})
 
 
 async def splits_a_tool_turn(conn: Reading, parent: MessageRecord) -> bool:
