@@ -1008,3 +1008,30 @@ def test_the_head_revision_is_the_newest_migration_and_a_store_at_head_does_not_
     first = subprocess.run([sys.executable, "-c", opened.format(url=url)], capture_output=True, text=True, timeout=60, check=True)
     again = subprocess.run([sys.executable, "-c", opened.format(url=url)], capture_output=True, text=True, timeout=60, check=True)
     assert (first.stdout.strip(), again.stdout.strip()) == ("True", "False")  # migrated once, then only checked
+
+
+async def test_after_postgresql_closed_every_pooled_connection_the_next_operations_succeed(pg_db_url: str) -> None:
+    import asyncpg
+
+    async with another_store(pg_db_url) as store:
+        thread = await store.create_thread(owner="alice")
+        # Fill the pool with idle connections: ten operations at once check out ten of them.
+        await asyncio.gather(*(store.get_thread(thread.id) for _ in range(10)))
+        admin = await asyncpg.connect(pg_db_url)
+        try:
+            # The server ends every other connection to this database (as a restart would).
+            ended = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert ended >= 2
+            with anyio.fail_after(10):
+                while await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"):
+                    await asyncio.sleep(0.01)  # polling the server for the condition
+        finally:
+            await admin.close()
+        # No operation sees a dead connection: each is replaced when it is checked out.
+        reads = await asyncio.gather(*(store.get_thread(thread.id) for _ in range(10)))
+        assert {r.id for r in reads} == {thread.id}
+        run, _, _ = await start_run(store, thread)
+        assert await store.mark_running(run.id)
+        assert (await store.get_run(run.id)).status == "running"
