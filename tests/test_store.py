@@ -32,7 +32,7 @@ from tether.events import Cancelled, Done, Envelope, Event, Interrupt, Resumed, 
 from tether.runtime import LocalBus
 from tether.runtime._eventlog import EventLog
 from tether.runtime._groupcommit import GroupCommit
-from tether.store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord
+from tether.store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord, TurnOutcome
 from tether.store import _tables as tables
 
 from .conftest import postgres_url_for_test, sqlite_url
@@ -445,6 +445,27 @@ async def test_finish_run_appends_events_before_then_the_final_event_with_the_st
     assert (await store.get_run(run.id)).status == "failed" and await store.last_seq(run.id) == 4
 
 
+async def test_finish_run_stores_the_last_turn_with_the_end_or_not_at_all(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, user, _ = await start_run(store, thread)
+    answer = MessageRecord(new_id("msg"), thread.id, user.id, run.id, "assistant", "", status="partial")
+    assert await store.mark_running(run.id, message=answer)
+    await store.request_cancel(run.id, mode="soft", reason=None, actor="alice")
+    turn = TurnOutcome(answer.id, "half an ans", "cancelled", input_tokens=7, output_tokens=3)
+    # From a status not allowed nothing is written, the turn neither.
+    assert not await store.finish_run(
+        run.id, status="completed", final_event=stored(run.id, 2, Done(message_id=None)), from_statuses=("running",), last_turn=turn
+    )
+    assert (await store.get_message(answer.id)).status == "partial"
+    assert await store.finish_run(
+        run.id, status="cancelled", final_event=stored(run.id, 2, Cancelled(mode="soft")), from_statuses=("cancelling",), last_turn=turn
+    )
+    stored_answer = await store.get_message(answer.id)
+    assert (stored_answer.content, stored_answer.status) == ("half an ans", "cancelled")
+    usage = (await store.get_run(run.id)).usage
+    assert usage is not None and (usage["input_tokens"], usage["output_tokens"]) == (7, 3)
+
+
 async def test_finishing_a_run_cancels_its_pending_interrupt(store: Store) -> None:
     run, interrupt = await parked_run(store)
     await store.request_cancel(run.id, mode="soft", reason=None, actor="alice")
@@ -485,6 +506,20 @@ async def test_request_cancel_moves_every_active_status_to_cancelling(store: Sto
         record = await store.request_cancel(run.id, mode="soft", reason="changed my mind", actor="alice")
         assert (record.status, record.cancel_mode, record.cancel_reason, record.cancel_actor) == ("cancelling", "soft", "changed my mind", "alice")
         assert await store.get_run(run.id) == record
+
+
+async def test_an_audited_cancel_request_writes_its_audit_entry_with_it_and_none_for_a_finished_run(store: Store) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, _, _ = await start_run(store, thread)
+    await store.request_cancel(run.id, mode="hard", reason="wrong order", actor="alice", audited=True)
+    entries = await store.list_audit(run_id=run.id)
+    assert [(e.action, e.actor, e.thread_id, e.reason, e.outcome, e.details) for e in entries] == [
+        ("cancel", "alice", thread.id, "wrong order", "cancelling", {"mode": "hard"})
+    ]
+    assert await finish(store, run.id, status="cancelled", from_statuses=("cancelling",))
+    with pytest.raises(RunNotActive):
+        await store.request_cancel(run.id, mode="soft", reason=None, actor="bob", audited=True)
+    assert len(await store.list_audit(run_id=run.id)) == 1
 
 
 async def test_a_hard_cancel_upgrades_a_soft_one_and_a_soft_one_never_downgrades(store: Store) -> None:

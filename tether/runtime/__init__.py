@@ -242,11 +242,11 @@ class Runtime:
             signalled.request_cancel(as_cancel_mode(mode), recorded=False)
         written: RunRecord | None = None
         try:
-            record = written = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor)
+            # The request and its audit entry: one transaction.
+            record = written = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor, audited=True)
         finally:
             if signalled is not None:
                 signalled.cancel_recorded(written)
-        await self.store.add_audit([AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})])
         executor = self._executors.get(run_id)  # again: it may have parked meanwhile
         if executor is not None and not executor.parked:
             executor.request_cancel(as_cancel_mode(record.cancel_mode or mode))  # an earlier hard request stays hard

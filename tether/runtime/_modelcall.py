@@ -22,7 +22,7 @@ from ..errors import ModelError
 from ..events import Event, RunError, Status
 from ..models import ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, Usage
 from ..models._retry import stream_with_retries
-from ..store import MessageRecord, RunRecord, Store
+from ..store import MessageRecord, RunRecord, Store, TurnOutcome
 from ._config import RunConfig
 from ._storable import describe_exception, storable_request, storable_text
 from ._turn import ModelTurn, announce_calls, json_safe, masked_args
@@ -49,6 +49,7 @@ class ModelCalls:
     _model_scope: anyio.CancelScope | None
     _on_usage: Callable[[Usage], None] | None
     _started_turn: MessageRecord | None
+    _cancelled_turn: TurnOutcome | None
 
     if TYPE_CHECKING:
 
@@ -102,16 +103,18 @@ class ModelCalls:
         self._count_usage(request.usage)
         text = "".join(parts)
         if scope.cancel_called and failure is None:
-            await self._store_turn(message.id, request.usage, content=text, status="cancelled")
+            # A cancel stopped it: the run ends next, and this turn is stored with its end
+            # (``finish_run(last_turn=…)``): one commit less between the cancel and ``cancelled``.
+            self._cancelled_turn = self._outcome(message.id, request.usage, content=text, status="cancelled")
             return ModelTurn(message.id, text, [], [])
         if failure is not None:
-            await self._store_turn(message.id, request.usage, content=text, status="failed")
+            await self._store_turn(self._outcome(message.id, request.usage, content=text, status="failed"))
             return ModelTurn(message.id, text, [], [], failure)
         calls, announcements = announce_calls(self.agent.tools, self.config.approval_threshold, message.id, requests)
         for announcement in announcements:
             self.events.emit(announcement)
         stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
-        await self._store_turn(message.id, request.usage, content=text, status="complete", tool_calls=stored_calls or None)
+        await self._store_turn(self._outcome(message.id, request.usage, content=text, status="complete", tool_calls=stored_calls or None))
         self._partial_message_id = None
         return ModelTurn(message.id, text, requests, calls)
 
@@ -131,7 +134,11 @@ class ModelCalls:
         if self._on_usage is not None:
             self._on_usage(usage)
 
-    async def _store_turn(self, message_id: str, usage: Usage, **values: Any) -> None:
+    @staticmethod
+    def _outcome(message_id: str, usage: Usage, *, content: str, status: str, tool_calls: list[dict[str, Any]] | None = None) -> TurnOutcome:
+        return TurnOutcome(message_id, content, status, usage.input_tokens, usage.output_tokens, tool_calls)
+
+    async def _store_turn(self, turn: TurnOutcome) -> None:
         """Store a model turn's final state, with the tokens its call consumed, once the events
         announcing it are durable.
 
@@ -139,4 +146,4 @@ class ModelCalls:
         recovery reads back from the log, never a stored turn that clients were not shown.
         """
         await self.events.wait_for_idle()
-        await self.store.store_turn(self.run.id, message_id, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, **values)
+        await self.store.store_turn(self.run.id, turn)

@@ -41,7 +41,7 @@ from ..agent import Agent
 from ..errors import EventLogFailed, LimitExceeded, RunNotActive
 from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, Usage
-from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, args_digest
+from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, TurnOutcome, args_digest
 from ..tools import Tool, ToolContext
 from ._cancel import CancelMode, as_cancel_mode, cancelled_event
 from ._config import RunConfig
@@ -101,6 +101,8 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         #: with the turn's ``status`` event; None once that turn has begun (or when the start
         #: did not include them).
         self._started_turn: MessageRecord | None = None
+        #: A model turn a cancel stopped, to be stored with the run's end.
+        self._cancelled_turn: TurnOutcome | None = None
         if takeover and run.status == "cancelling":  # the dead process was already stopping it
             self.cancel_mode = as_cancel_mode(run.cancel_mode)
         #: Steering messages sent into the run, announced but not yet in the history.
@@ -422,6 +424,12 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
     async def _finish(self, outcome: Event) -> None:
         """Commit the terminal event with the final status; a requested cancel always wins."""
         self.accepting_messages = False
+        await self._commit_end(outcome)
+        if self._cancelled_turn is not None:  # the run's end was not written here
+            turn, self._cancelled_turn = self._cancelled_turn, None
+            await self.store.store_turn(self.run.id, turn)
+
+    async def _commit_end(self, outcome: Event) -> None:
         try:
             await self.events.wait_for_idle()
             if self._steering:  # announced steering messages are never dropped: they join the tree
@@ -458,5 +466,9 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
             logger.warning("run %s: cannot finish, status is %s", self.run.id, current.status)
             return
         final = self.events.seal(cancelled_event(current, mode=self.cancel_mode, partial_message_id=self._partial_message_id))
-        if await self.store.finish_run(self.run.id, status="cancelled", final_event=final, from_statuses=("cancelling",), as_executor=True):
+        ended = await self.store.finish_run(
+            self.run.id, status="cancelled", final_event=final, from_statuses=("cancelling",), last_turn=self._cancelled_turn, as_executor=True
+        )
+        if ended:
+            self._cancelled_turn = None
             self.events.publish_final(final)

@@ -36,6 +36,7 @@ from ._records import (
     RunRecord,
     RunStatus,
     ThreadRecord,
+    TurnOutcome,
     args_digest,
     run_record,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "MessageRecord",
     "InterruptRecord",
     "AuditEntry",
+    "TurnOutcome",
     "Principal",
     "KeyRecord",
     "ROLES",

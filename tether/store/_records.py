@@ -73,6 +73,19 @@ EXECUTOR_RUN_STATUSES = tuple(status for status in ACTIVE_RUN_STATUSES if status
 
 
 @dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    """A model turn's final state: its assistant message's content and status, its tool calls,
+    and the tokens its call consumed (added to the run's usage)."""
+
+    message_id: str
+    content: str
+    status: str
+    input_tokens: int
+    output_tokens: int
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadRecord:
     """A thread row."""
 

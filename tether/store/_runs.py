@@ -30,6 +30,7 @@ from ._records import (
     MessageRecord,
     RunRecord,
     RunStatus,
+    TurnOutcome,
     message_record,
     message_values,
     run_record,
@@ -197,22 +198,17 @@ class RunStore(EventStore):
         async with self._writing() as conn:
             return await _add_usage(conn, run_id, message_id, input_tokens, output_tokens)
 
-    async def store_turn(
-        self, run_id: str, message_id: str, *, content: str, status: str, tool_calls: list[dict[str, Any]] | None = None, input_tokens: int, output_tokens: int
-    ) -> None:
+    async def store_turn(self, run_id: str, turn: TurnOutcome) -> None:
         """A model turn's final state and the tokens its call consumed, in one transaction."""
         async with self._writing() as conn:
-            values: dict[str, Any] = {"message_id": message_id, "content": content, "status": status}
-            if tool_calls is None:
-                await conn.execute(Hot.store_turn, values)
-            else:
-                await conn.execute(Hot.store_turn_with_calls, {**values, "tool_calls": tool_calls})
-            await _add_usage(conn, run_id, message_id, input_tokens, output_tokens)
+            await _write_turn(conn, run_id, turn)
 
-    async def request_cancel(self, run_id: str, *, mode: str, reason: str | None, actor: str) -> RunRecord:
+    async def request_cancel(self, run_id: str, *, mode: str, reason: str | None, actor: str, audited: bool = False) -> RunRecord:
         """Record a cancel request: active → ``cancelling``; a second hard request upgrades a soft one.
 
-        Raises :class:`RunNotActive` when the run is already terminal.
+        ``audited``: the request's audit entry (``cancel`` by ``actor``) is written in the same
+        transaction. Raises :class:`RunNotActive` when the run is already terminal (nothing is
+        written then).
         """
         async with self._writing() as conn:
             await conn.execute(
@@ -223,9 +219,12 @@ class RunStore(EventStore):
             if mode == "hard":
                 await conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.CANCELLING.value).values(cancel_mode="hard"))
             row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
-        if row is None:
+            record = run_record(row) if row is not None else None
+            if audited and record is not None and not record.terminal:
+                entry = AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})
+                await conn.execute(audit.insert(), [entry.values()])
+        if record is None:
             raise NotFound(f"run {run_id!r} not found", code="run_not_found")
-        record = run_record(row)
         if record.terminal:
             raise RunNotActive(f"run {run_id!r} is already {record.status}", details={"status": record.status.value})
         return record
@@ -240,9 +239,12 @@ class RunStore(EventStore):
         error: dict[str, Any] | None = None,
         events_before: Sequence[StoredEvent] = (),
         audit_entries: Sequence[AuditEntry] = (),
+        last_turn: TurnOutcome | None = None,
         as_executor: bool = False,
     ) -> bool:
         """Move the run to a terminal ``status`` and append its terminal event, in one transaction.
+        ``last_turn``, a model turn that ended with the run (one stopped by a cancel), is stored
+        in it too.
 
         Only succeeds while the run is in one of ``from_statuses``: this is what keeps a run that
         is being cancelled from ever being committed as ``completed``. With ``as_executor`` it
@@ -263,6 +265,8 @@ class RunStore(EventStore):
             await self._write_events(conn, run_id, [*events_before, final_event])
             if audit_entries:
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
+            if last_turn is not None:
+                await _write_turn(conn, run_id, last_turn)
         return True
 
     # -- leases: which process executes a run --------------------------------------------
@@ -325,6 +329,15 @@ class RunStore(EventStore):
 def _values(statuses: Iterable[str]) -> list[str]:
     """Statuses as the plain strings the column holds (callers may pass :class:`RunStatus`)."""
     return [str(status) for status in statuses]
+
+
+async def _write_turn(conn: Writing, run_id: str, turn: TurnOutcome) -> None:
+    values: dict[str, Any] = {"message_id": turn.message_id, "content": turn.content, "status": turn.status}
+    if turn.tool_calls is None:
+        await conn.execute(Hot.store_turn, values)
+    else:
+        await conn.execute(Hot.store_turn_with_calls, {**values, "tool_calls": turn.tool_calls})
+    await _add_usage(conn, run_id, turn.message_id, turn.input_tokens, turn.output_tokens)
 
 
 async def _add_usage(conn: Writing, run_id: str, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
