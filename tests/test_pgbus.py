@@ -18,6 +18,7 @@ from tether.events import Envelope, Token, now_ts
 from tether.runtime import follow_run
 from tether.runtime._pgbus import PostgresBus
 from tether.store import Store, StoredEvent
+from tether.store._notify import EVENTS_CHANNEL, MAX_PAYLOAD_BYTES, events_payloads, parse_events_payload
 
 pytestmark = pytest.mark.anyio
 
@@ -85,4 +86,60 @@ async def test_followers_on_another_process_share_one_read_per_notification(two_
         # for all of them. Per follower it would be COMMITS × FOLLOWERS reads.
         assert 1 <= reads <= COMMITS, reads
     finally:
+        await bus.aclose()
+
+
+def test_a_commit_of_many_runs_is_announced_in_few_payloads_each_under_the_limit() -> None:
+    runs = [(f"run_{i:026d}", i + 2) for i in range(600)]
+    payloads = events_payloads("proc_a", runs)
+    assert 1 < len(payloads) <= 4  # not one per run
+    assert all(len(p.encode()) <= MAX_PAYLOAD_BYTES for p in payloads)
+    notices = [parse_events_payload(p) for p in payloads]
+    assert {n.origin for n in notices} == {"proc_a"}
+    assert [r for n in notices for r in n.runs] == runs
+    assert parse_events_payload("proc_a run_1 x run_2").runs == [("run_1", -1)]  # a bad seq; a run without one
+
+
+async def test_a_group_commit_of_hundreds_of_runs_reaches_every_follower_on_another_process(two_processes: tuple[Store, Store]) -> None:
+    import asyncpg
+
+    a, b = two_processes
+    runs = []
+    for _ in range(300):
+        thread = await a.create_thread(owner="alice")
+        run, _, _ = await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})
+        runs.append(run.id)
+    dsn = b.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    bus = PostgresBus(dsn, b.instance_id, read_events=lambda run_id, after, limit: b.read_events(run_id, after_seq=after, limit=limit))
+    await bus.start()
+    payloads: list[str] = []
+    listener = await asyncpg.connect(dsn)
+    await listener.add_listener(EVENTS_CHANNEL, lambda _c, _p, _ch, payload: payloads.append(payload))
+    try:
+        attached = 0
+        all_attached = anyio.Event()
+
+        async def follow(run_id: str) -> None:
+            nonlocal attached
+            async for batch in follow_run(b, bus, run_id, idle_timeout=60):
+                if batch and batch[0].seq == 1:
+                    attached += 1
+                    if attached == len(runs):
+                        all_attached.set()
+                if batch and batch[-1].seq == 3:
+                    return
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                for run_id in runs:
+                    group.start_soon(follow, run_id)
+                await all_attached.wait()
+                # Two group commits, each with an event of every run: every follower gets both.
+                await a.append_event_batches([(run_id, [token(run_id, 2)]) for run_id in runs])
+                await a.append_event_batches([(run_id, [token(run_id, 3)]) for run_id in runs])
+        announced = [r for p in payloads for r in parse_events_payload(p).runs]
+        assert sorted(announced) == sorted([(r, 2) for r in runs] + [(r, 3) for r in runs])
+        assert len(payloads) < 10  # a few per commit, not 300
+    finally:
+        await listener.close()
         await bus.aclose()

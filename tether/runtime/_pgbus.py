@@ -2,7 +2,7 @@
 
 With several server processes on one PostgreSQL, a run executes in one process while its
 followers may be connected to any other. Every transaction that appends events also sends
-``NOTIFY tether_events, '<origin> <run_id> <seq>'`` (the channels and payloads are defined once,
+``NOTIFY tether_events, '<origin> <run_id> <seq> …'`` (the channels and payloads are defined once,
 in ``store/_notify.py``); PostgreSQL delivers it on commit, so a notification never announces an
 event that is not durable. Each process listens on one dedicated connection and, for runs it
 has followers of, reads the new events from the store *once per run* (notifications that
@@ -100,13 +100,13 @@ class PostgresBus(LocalBus):
 
     def _on_events(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         notice = parse_events_payload(payload)
-        if notice.origin == self.origin or notice.run_id not in self._subscribers:
+        if notice.origin == self.origin:
             return
-        run_id = notice.run_id
-        try:
-            seq = int(notice.seq)
-        except ValueError:
-            seq = -1
+        for run_id, seq in notice.runs:
+            if run_id in self._subscribers:
+                self._on_run_events(run_id, seq)
+
+    def _on_run_events(self, run_id: str, seq: int) -> None:
         if self._read_events is None or seq < 0 or run_id not in self._published_to:
             # Where its log stands here is unknown: every follower catches up itself, once.
             self._mark_all_stale(run_id)

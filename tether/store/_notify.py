@@ -5,8 +5,10 @@ that commits events, so PostgreSQL delivers the notification on commit and it ne
 an event that is not durable) and the runtime's ``PostgresBus`` listens. Notifications are hints,
 never data: a listener that misses some catches up from the store.
 
-- ``tether_events``: ``"<origin> <run_id> <seq>"`` — the process ``origin`` committed events of
-  ``run_id`` up to ``seq``.
+- ``tether_events``: ``"<origin> <run_id> <seq> [<run_id> <seq> …]"`` — the process ``origin``
+  committed events of each ``run_id`` up to its ``seq``. One notification per commit (more only
+  when the runs of a commit would not fit in one payload), not one per run: a process ignores
+  its own with one comparison, and PostgreSQL queues one instead of hundreds.
 - ``tether_control``: a JSON object with ``origin`` and ``kind`` (e.g. ``{"kind": "cancel",
   "run_id": …, "mode": …}``) — a command for the process executing a run.
 """
@@ -20,7 +22,8 @@ __all__ = [
     "EVENTS_CHANNEL",
     "CONTROL_CHANNEL",
     "EventsNotice",
-    "events_payload",
+    "events_payloads",
+    "MAX_PAYLOAD_BYTES",
     "parse_events_payload",
     "control_payload",
     "parse_control_payload",
@@ -30,24 +33,41 @@ EVENTS_CHANNEL = "tether_events"
 CONTROL_CHANNEL = "tether_control"
 
 
+#: The longest payload sent (PostgreSQL refuses 8,000 bytes and more).
+MAX_PAYLOAD_BYTES = 7900
+
+
 class EventsNotice(NamedTuple):
-    """What a ``tether_events`` notification says."""
+    """What a ``tether_events`` notification says: ``origin`` committed each run's events up to
+    its seq (a seq that is not a number comes back as -1)."""
 
     origin: str
-    run_id: str
-    seq: str
+    runs: list[tuple[str, int]]
 
 
-def events_payload(origin: str, run_id: str, seq: int) -> str:
-    """The payload announcing that ``origin`` committed ``run_id``'s events up to ``seq``."""
-    return f"{origin} {run_id} {seq}"
+def events_payloads(origin: str, runs: list[tuple[str, int]]) -> list[str]:
+    """The payloads announcing that ``origin`` committed each of ``runs`` (``(run_id, last
+    seq)``) up to its seq: one, or as many as keep each under :data:`MAX_PAYLOAD_BYTES`."""
+    payloads: list[str] = []
+    parts = [origin]
+    size = len(origin)
+    for run_id, seq in runs:
+        part = f"{run_id} {seq}"
+        if len(parts) > 1 and size + 1 + len(part) > MAX_PAYLOAD_BYTES:
+            payloads.append(" ".join(parts))
+            parts, size = [origin], len(origin)
+        parts.append(part)
+        size += 1 + len(part)
+    if len(parts) > 1:
+        payloads.append(" ".join(parts))
+    return payloads
 
 
 def parse_events_payload(payload: str) -> EventsNotice:
-    """Read an ``events_payload`` (missing parts come back empty)."""
-    origin, _, rest = payload.partition(" ")
-    run_id, _, seq = rest.partition(" ")
-    return EventsNotice(origin, run_id, seq)
+    """Read an ``events_payloads`` payload (a run without its seq is dropped)."""
+    origin, *words = payload.split(" ")
+    runs = [(run_id, int(seq) if seq.isdigit() else -1) for run_id, seq in zip(words[0::2], words[1::2], strict=False)]
+    return EventsNotice(origin, runs)
 
 
 def control_payload(message: dict[str, Any], origin: str) -> str:
