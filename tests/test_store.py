@@ -1070,3 +1070,32 @@ async def test_after_postgresql_closed_every_pooled_connection_the_next_operatio
         run, _, _ = await start_run(store, thread)
         assert await store.mark_running(run.id)
         assert (await store.get_run(run.id)).status == "running"
+
+
+async def test_postgresql_connections_opened_for_a_burst_stay_open_for_the_next_one(pg_db_url: str) -> None:
+    from tether.store._engine import POOL_CONNECTIONS
+
+    async with another_store(pg_db_url) as store:
+
+        async def burst() -> set[int]:
+            """POOL_CONNECTIONS connections held at once (each waits until all are out)."""
+            all_out = anyio.Event()
+            pids: set[int] = set()
+
+            async def hold() -> None:
+                async with store.connection() as conn:
+                    pids.add((await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one())
+                    if len(pids) == POOL_CONNECTIONS:
+                        all_out.set()
+                    await all_out.wait()
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as group:
+                    for _ in range(POOL_CONNECTIONS):
+                        group.start_soon(hold)
+            return pids
+
+        first = await burst()
+        assert len(first) == POOL_CONNECTIONS
+        # The next burst finds every connection of the first one open: none is opened again.
+        assert await burst() == first

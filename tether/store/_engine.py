@@ -36,6 +36,10 @@ Writing = InlineWriter | AsyncConnection
 Reading = ThreadedReader | InlineReader | InlineWriter | AsyncConnection
 
 
+#: PostgreSQL connections one process (its store) uses at most.
+POOL_CONNECTIONS = 15
+
+
 def normalize_db_url(url: str) -> str:
     """Accept ``sqlite:///path`` and ``postgresql://…`` and pick the async drivers."""
     if url.startswith("sqlite:///") or url == "sqlite://":
@@ -87,7 +91,11 @@ class StoreBase:
                 Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  # once, at start-up
             kwargs["connect_args"] = {"timeout": 30}
         else:
-            kwargs.update(pool_size=5, max_overflow=10)
+            # Up to POOL_CONNECTIONS at once, all kept open once opened: an overflow connection,
+            # closed as soon as it is returned, would be opened again under the next burst, and
+            # each new connection pays a TCP and SSL handshake, asyncpg's type introspection and
+            # the preparing of every statement anew.
+            kwargs.update(pool_size=POOL_CONNECTIONS, max_overflow=0)
         engine = create_async_engine(url, **kwargs)
         if engine.dialect.name == "sqlite":
             sa_event.listen(engine.sync_engine, "connect", sqlite_pragmas(busy_timeout_s=30.0))
