@@ -211,14 +211,20 @@ class RunStore(EventStore):
         written then).
         """
         async with self._writing() as conn:
-            await conn.execute(
-                runs.update()
-                .where(runs.c.id == run_id, runs.c.status.in_(_values(_CANCELLABLE)))
-                .values(status=RunStatus.CANCELLING.value, cancel_mode=mode, cancel_reason=reason, cancel_actor=actor)
-            )
-            if mode == "hard":
-                await conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.CANCELLING.value).values(cancel_mode="hard"))
-            row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
+            # One statement in the usual case (an active run): the write hands back the row.
+            row = (
+                await conn.execute(
+                    runs.update()
+                    .where(runs.c.id == run_id, runs.c.status.in_(_values(_CANCELLABLE)))
+                    .values(status=RunStatus.CANCELLING.value, cancel_mode=mode, cancel_reason=reason, cancel_actor=actor)
+                    .returning(*runs.c)
+                )
+            ).first()
+            if row is None and mode == "hard":  # already cancelling: a hard request upgrades a soft one
+                upgrade = runs.update().where(runs.c.id == run_id, runs.c.status == RunStatus.CANCELLING.value).values(cancel_mode="hard")
+                row = (await conn.execute(upgrade.returning(*runs.c))).first()
+            if row is None:  # cancelling already, terminal, or missing
+                row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
             record = run_record(row) if row is not None else None
             if audited and record is not None and not record.terminal:
                 entry = AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})
