@@ -627,3 +627,26 @@ async def test_many_flaky_clients_on_many_concurrent_runs_each_reconstruct_exact
                 assert sum(connections for _, connections in results) > 3 * len(results)
                 for run_id, _ in runs:
                     await wait_for_no_followers(server, run_id)
+
+
+async def test_a_run_that_ends_before_its_first_model_call_leaves_no_partial_answer(tmp_path: Path) -> None:
+    # The run's start stores its first turn's empty answer; an agent allowed no model call at
+    # all ends the run before that turn: the answer is closed as failed, not left partial.
+    from tether import Agent
+    from tether.models.scripted import ScriptedModel
+
+    from .conftest import sqlite_url
+
+    live = LiveServer(Agent(ScriptedModel(), name="no-steps", max_steps=0), sqlite_url(tmp_path)).start()
+    try:
+        async with AsyncClient(live.url) as client:
+            thread = await client.create_thread()
+            run = await client.start_run(thread["id"], "hello")
+            with anyio.fail_after(20):
+                events = [e async for e in client.follow(run["id"])]
+            assert events[-1].type == "error" and events[-1].data["code"] == "max_steps_exceeded"
+            messages = await client.messages(thread["id"], view="tree")
+            assert [(m["role"], m["status"]) for m in messages if m["role"] == "assistant"] == [("assistant", "failed")]
+            assert all(m["status"] != "partial" for m in messages)
+    finally:
+        live.stop()

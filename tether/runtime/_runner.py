@@ -428,6 +428,9 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         if self._cancelled_turn is not None:  # the run's end was not written here
             turn, self._cancelled_turn = self._cancelled_turn, None
             await self.store.store_turn(self.run.id, turn)
+        if self._started_turn is not None:  # the run ended before its first model call (an internal error)
+            unused, self._started_turn = self._started_turn, None
+            await self.store.update_message(unused.id, status="failed")
 
     async def _commit_end(self, outcome: Event) -> None:
         try:
