@@ -1049,6 +1049,8 @@ async def test_after_postgresql_closed_every_pooled_connection_the_next_operatio
     import asyncpg
 
     async with another_store(pg_db_url) as store:
+        pooled: set[Any] = set()  # the asyncpg connections the store checks out
+        sa.event.listen(store.engine.sync_engine, "checkout", lambda dbapi_conn, _record, _proxy: pooled.add(dbapi_conn.driver_connection))
         thread = await store.create_thread(owner="alice")
         # Fill the pool with idle connections: ten operations at once check out ten of them.
         await asyncio.gather(*(store.get_thread(thread.id) for _ in range(10)))
@@ -1064,6 +1066,13 @@ async def test_after_postgresql_closed_every_pooled_connection_the_next_operatio
                     await asyncio.sleep(0.01)  # polling the server for the condition
         finally:
             await admin.close()
+        # The event loop reads each ended connection's last message and then its end, an
+        # iteration or two apart; wait until the store's side has seen every one of them end
+        # (asyncpg's own state of the pooled connections, read here only to know when).
+        assert len(pooled) >= 2
+        with anyio.fail_after(10):
+            while not all(conn.is_closed() for conn in pooled):
+                await asyncio.sleep(0)
         # No operation sees a dead connection: each is replaced when it is checked out.
         reads = await asyncio.gather(*(store.get_thread(thread.id) for _ in range(10)))
         assert {r.id for r in reads} == {thread.id}
