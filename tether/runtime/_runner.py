@@ -98,8 +98,8 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         self._partial_message_id: str | None = None
         self._leaf_id: str | None = run.input_message_id
         #: The first model turn's assistant message, committed with the run's start together
-        #: with the turn's ``status`` event; None once that turn has begun (or when the start
-        #: did not include them).
+        #: with the turn's ``status`` event; None once that turn has begun (and in a resumed or
+        #: taken-over segment).
         self._started_turn: MessageRecord | None = None
         #: A model turn a cancel stopped, to be stored with the run's end.
         self._cancelled_turn: TurnOutcome | None = None
@@ -219,18 +219,16 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
                 self.request_cancel(as_cancel_mode(current.cancel_mode))
             return await self._loop(await self._apply_review(self.resume))
         # The run starts, says it is calling the model and stores the (empty, partial) answer of
-        # its first turn in one transaction: two commits less before the first token. Not when
-        # steering messages came before the start: they go into the history ahead of the answer.
+        # its first turn in one transaction: two commits less before the first token. (No
+        # steering message can be waiting: a run takes them only once it is running.)
         await self.events.wait_for_idle()  # nothing queued ahead of the sealed event
-        first_turn = None if self._steering else self._new_answer()
-        announce = self.events.seal(Status(stage="model", detail=None)) if first_turn else None
+        first_turn = self._new_answer()
+        announce = self.events.seal(Status(stage="model", detail=None))
         if await self.store.mark_running(self.run.id, announce=announce, message=first_turn):
-            if announce is not None:
-                self.events.publish_final(announce)
+            self.events.publish_final(announce)
             self._started_turn = first_turn
         else:
-            if announce is not None:
-                self.events.unseal(announce)
+            self.events.unseal(announce)
             current = await self.store.get_run(self.run.id)
             if current.status != "cancelling":
                 return WAITING  # someone else owns it, or it is terminal: nothing to finish here
@@ -427,7 +425,7 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         await self._commit_end(outcome)
         if self._cancelled_turn is not None:  # the run's end was not written here
             turn, self._cancelled_turn = self._cancelled_turn, None
-            await self.store.store_turn(self.run.id, turn)
+            await self._store_turn(turn)
         if self._started_turn is not None:  # the run ended before its first model call (an internal error)
             unused, self._started_turn = self._started_turn, None
             await self.store.update_message(unused.id, status="failed")

@@ -182,8 +182,8 @@ class StoreBase:
         if self._sqlite is not None:
             yield self._sqlite.reader
             return
-        async with contextlib.AsyncExitStack() as stack:
-            yield await _checked_out(stack, self._read_engine.connect())
+        async with self._async_reading(autocommit=True) as conn:
+            yield conn
 
     @contextlib.asynccontextmanager
     async def _point_reading(self) -> AsyncIterator[Reading]:
@@ -203,9 +203,10 @@ class StoreBase:
             yield await _checked_out(stack, self.engine.begin())
 
     @contextlib.asynccontextmanager
-    async def _async_reading(self) -> AsyncIterator[AsyncConnection]:
+    async def _async_reading(self, *, autocommit: bool = False) -> AsyncIterator[AsyncConnection]:
+        """A pooled connection; with ``autocommit`` each statement is its own transaction."""
         async with contextlib.AsyncExitStack() as stack:
-            yield await _checked_out(stack, self.engine.connect())
+            yield await _checked_out(stack, (self._read_engine if autocommit else self.engine).connect())
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A write transaction (serialised on SQLite), for an agent's own tables."""

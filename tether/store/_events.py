@@ -77,8 +77,9 @@ class EventStore(StoreBase):
         await conn.execute(Hot.insert_event, rows[0] if len(rows) == 1 else rows)
 
     async def _insert_events_postgres(self, conn: Writing, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
-        """Insert the batches and announce each run's newest seq (one notification for them all), in one statement (one round
-        trip, one prepared statement whatever the number of rows: the rows travel as arrays)."""
+        """Insert the batches and announce each run's newest seq (one notification for them
+        all), in one statement: one round trip, one prepared statement whatever the number of
+        rows (the rows travel as arrays)."""
         rows = [(run_id, e) for run_id, batch in batches for e in batch]
         await conn.execute(
             _INSERT_AND_NOTIFY,
@@ -116,9 +117,10 @@ async def _notify(conn: Writing, channel: str, payload: str) -> None:
     await conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
 
 
-#: PostgreSQL: insert events given as column arrays and send a ``tether_events``
-#: notification per payload (one per commit, see ``_notify``), in one statement. A data-modifying ``WITH`` runs exactly once
-#: whether or not the outer query reads it; the notifications are delivered on commit.
+#: PostgreSQL: insert events given as column arrays and send a ``tether_events`` notification
+#: per payload (one per commit, see ``_notify``), in one statement. A data-modifying ``WITH``
+#: runs exactly once whether or not the outer query reads it; the notifications are delivered
+#: on commit.
 _INSERT_AND_NOTIFY = sa.text(
     f"WITH inserted AS (INSERT INTO {events.name} (run_id, seq, type, envelope)"
     " SELECT * FROM unnest(:run_ids, :seqs, :types, :envelopes))"
