@@ -306,3 +306,14 @@ def start_server(processes: list[ServerProcess], tmp_path: Path) -> ServerProces
     process = ServerProcess(sqlite_url(tmp_path), tmp_path / f"server-{len(processes)}.log")
     processes.append(process)
     return process.start()
+
+
+async def whole_log(server: Any, run_id: str) -> list[dict[str, Any]]:
+    """Every event of a run, page after page (a run taken over several times replays its
+    model stream each time, so its log can pass one page)."""
+    log: list[dict[str, Any]] = []
+    while True:
+        page = (await server.request("GET", f"/v1/runs/{run_id}/events", params={"after_seq": len(log), "limit": 1000})).json()["items"]
+        log += page
+        if len(page) < 1000:
+            return log

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import ServerProcess, script
+from .conftest import ServerProcess, script, whole_log
 
 #: The suite's busiest tests (many processes, SIGKILLs, whole-API fuzzing) run one after another
 #: in one pytest-xdist worker, so they never compete with each other for the machine's cores.
@@ -178,7 +178,7 @@ async def test_runs_survive_killed_processes_and_flaky_clients(cluster: Cluster)
     for (run_id, info), seen in zip(runs.items(), streams, strict=True):
         run = (await cluster.request("GET", f"/v1/runs/{run_id}")).json()
         assert run["status"] in ("completed", "failed", "cancelled"), (run_id, info, run["status"])
-        log = (await cluster.request("GET", f"/v1/runs/{run_id}/events", params={"limit": 1000})).json()["items"]
+        log = await whole_log(cluster, run_id)
         assert [e["seq"] for e in log] == list(range(1, len(log) + 1)), run_id
         assert [e["type"] for e in log if e["type"] in TERMINAL] == [log[-1]["type"]], run_id
         assert seen == log, f"client of {run_id} saw a different sequence"

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import ServerProcess, script
+from .conftest import ServerProcess, script, whole_log
 
 #: The suite's busiest tests (many processes, SIGKILLs, whole-API fuzzing) run one after another
 #: in one pytest-xdist worker, so they never compete with each other for the machine's cores.
@@ -119,7 +119,7 @@ async def violations_of(server: Server, run_id: str, info: dict[str, Any], effec
     status = (await server.request("GET", f"/v1/runs/{run_id}")).json()["status"]
     if status not in ("completed", "failed", "cancelled"):
         found.append(f"not terminal: {status}")
-    log = (await server.request("GET", f"/v1/runs/{run_id}/events", params={"limit": 1000})).json()["items"]
+    log = await whole_log(server, run_id)
     if [e["seq"] for e in log] != list(range(1, len(log) + 1)):
         found.append("seq not gapless")
     terminal = [(e["seq"], e["type"]) for e in log if e["type"] in TERMINAL]
