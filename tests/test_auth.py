@@ -411,10 +411,11 @@ async def test_the_inbox_shows_each_user_their_own_and_an_approver_all_and_a_bat
     server, keys = keyed
     with anyio.fail_after(40):
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+            # One after the other: alice's interrupt opens (and expires) first.
             _, run_a = await start(http, keys.alice, REFUND)
+            await wait_for_status(http, run_a["id"], keys.alice, "waiting_human")
             _, run_b = await start(http, keys.bob, REFUND)
-            for run, key in ((run_a, keys.alice), (run_b, keys.bob)):
-                await wait_for_status(http, run["id"], key, "waiting_human")
+            await wait_for_status(http, run_b["id"], keys.bob, "waiting_human")
 
             async def inbox(key: str) -> list[dict[str, Any]]:
                 response = await http.get("/v1/interrupts", params={"status": "pending"}, headers=bearer(key))

@@ -329,6 +329,69 @@ async def test_the_cancelled_event_carries_the_reason_and_the_actor(http: httpx.
     assert stored["cancel"] == {"mode": "hard", "reason": "the user pressed stop", "actor": "local"}
 
 
+async def test_a_cancel_of_a_streaming_run_is_written_with_the_run_s_end(http: httpx.AsyncClient, client: AsyncClient) -> None:
+    """While the run streams its answer, nothing stands between the request and the end: the
+    request, its audit entry and ``cancelled`` are one write, so the 202 already shows the end."""
+    thread_id = await new_thread(http)
+    run = await start_run(http, thread_id, script({"tokens": 500, "delay_ms": 10}))
+    seen, stream = await stream_until(client, run["id"], token_counter(5))
+
+    response = await cancel(http, run["id"], "soft", reason="enough")
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "cancelled"
+    assert response.json()["cancel"] == {"mode": "soft", "reason": "enough", "actor": "local"}
+    seen += [event async for event in stream]
+    assert seen[-1].type == "cancelled"
+    assert (seen[-1].data["mode"], seen[-1].data["reason"], seen[-1].data["actor"]) == ("soft", "enough", "local")
+    entries = await client.audit(run_id=run["id"])
+    assert [(e["action"], e["actor"], e["reason"], e["outcome"], e["details"]) for e in entries] == [
+        ("cancel", "local", "enough", "cancelled", {"mode": "soft"})
+    ]
+    log = await settled_log(http, run["id"])
+    assert [Envelope.model_validate(e) for e in log] == seen
+    partial = (await path_messages(http, thread_id))[-1]
+    assert (partial["id"], partial["status"]) == (seen[-1].data["partial_message_id"], "cancelled")
+    assert partial["content"] == "".join(e["data"]["text"] for e in log if e["type"] == "token")
+
+
+async def test_many_cancels_of_one_run_at_once_each_get_an_answer_and_an_audit_entry(http: httpx.AsyncClient, client: AsyncClient) -> None:
+    """Clients race to cancel the same streaming run (random modes and reasons, from several
+    connections): every request is answered 202 or 409 ``run_not_active``, each accepted one
+    has its own audit entry, the run ends once, and its event agrees with its record."""
+    seed = int.from_bytes(os.urandom(4), "big")
+    rng = random.Random(seed)
+    for _ in range(6):
+        thread_id = await new_thread(http)
+        run = await start_run(http, thread_id, script({"tokens": 500, "delay_ms": 5}))
+        _, stream = await stream_until(client, run["id"], token_counter(rng.randint(1, 8)))
+        requests = [(rng.choice(["soft", "hard"]), f"reason {i}") for i in range(rng.randint(2, 12))]
+        clients = [httpx.AsyncClient(base_url=str(http.base_url), timeout=30) for _ in range(3)]
+        try:
+            responses = await asyncio.gather(*(cancel(clients[i % 3], run["id"], mode, reason) for i, (mode, reason) in enumerate(requests)))
+        finally:
+            for c in clients:
+                await c.aclose()
+        rest = [event async for event in stream]
+        where = f"seed={seed} requests={requests} answers={[r.status_code for r in responses]}"
+        accepted = [req for req, r in zip(requests, responses, strict=True) if r.status_code == 202]
+        for r in responses:
+            if r.status_code != 202:
+                assert_error(r, 409, "run_not_active")
+        assert accepted, where  # the first request finds the run streaming
+        terminal = rest[-1]
+        assert terminal.type == "cancelled", where
+        final = (await http.get(f"/v1/runs/{run['id']}")).json()
+        assert final["status"] == "cancelled", where
+        assert (final["cancel"]["reason"], final["cancel"]["actor"]) == (terminal.data["reason"], terminal.data["actor"]), where
+        assert terminal.data["reason"] in [reason for _, reason in accepted], where
+        # An accepted hard request, whenever it came, makes the end hard; the event says what the record does.
+        assert terminal.data["mode"] == final["cancel"]["mode"] == ("hard" if any(mode == "hard" for mode, _ in accepted) else "soft"), where
+        entries = await client.audit(run_id=run["id"])
+        assert sorted((e["details"]["mode"], e["reason"]) for e in entries) == sorted(accepted), where
+        assert all(e["action"] == "cancel" and e["outcome"] in ("cancelling", "cancelled") for e in entries), where
+        assert_one_terminal_at_the_end(await settled_log(http, run["id"]))
+
+
 # -- a cancel never produces `completed` -----------------------------------------------------
 
 RACE_SCRIPTS = [

@@ -32,7 +32,7 @@ from tether.events import Cancelled, Done, Envelope, Event, Interrupt, Resumed, 
 from tether.runtime import LocalBus
 from tether.runtime._eventlog import EventLog
 from tether.runtime._groupcommit import GroupCommit
-from tether.store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord, TurnOutcome
+from tether.store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord, TurnOutcome
 from tether.store import _tables as tables
 
 from .conftest import postgres_url_for_test, sqlite_url
@@ -464,6 +464,50 @@ async def test_finish_run_stores_the_last_turn_with_the_end_or_not_at_all(store:
     assert (stored_answer.content, stored_answer.status) == ("half an ans", "cancelled")
     usage = (await store.get_run(run.id)).usage
     assert usage is not None and (usage["input_tokens"], usage["output_tokens"]) == (7, 3)
+
+
+async def test_an_executor_ends_a_running_run_with_the_cancel_request_in_one_write_or_not_at_all(store: Store) -> None:
+    """``finish_run(cancel=…)``: ``running → cancelled`` recording who asked, why and how, with
+    the audit entry, the terminal event and the stopped turn; from any other status nothing."""
+    thread = await store.create_thread(owner="alice")
+    run, user, _ = await start_run(store, thread)
+    answer = MessageRecord(new_id("msg"), thread.id, user.id, run.id, "assistant", "", status="partial")
+    assert await store.mark_running(run.id, message=answer)
+    request = CancelRequest("hard", "wrong order", "alice")
+    entry = AuditEntry("cancel", "alice", thread.id, run.id, reason="wrong order", outcome="cancelled", details={"mode": "hard"})
+    turn = TurnOutcome(answer.id, "half", "cancelled", input_tokens=5, output_tokens=1)
+
+    async def end(of_run: RunRecord) -> bool:
+        final = stored(of_run.id, await store.last_seq(of_run.id) + 1, Cancelled(mode="hard", reason="wrong order", actor="alice"))
+        return await store.finish_run(
+            of_run.id,
+            status="cancelled",
+            final_event=final,
+            from_statuses=("running",),
+            audit_entries=[entry],
+            last_turn=turn,
+            as_executor=True,
+            cancel=request,
+        )
+
+    assert await end(run)
+    ended = await store.get_run(run.id)
+    assert (ended.status, ended.cancel_mode, ended.cancel_reason, ended.cancel_actor) == ("cancelled", "hard", "wrong order", "alice")
+    assert ended.ended_at is not None
+    assert [(e.action, e.actor, e.reason, e.outcome, e.details) for e in await store.list_audit(run_id=run.id)] == [
+        ("cancel", "alice", "wrong order", "cancelled", {"mode": "hard"})
+    ]
+    assert (await event_types(store, run.id))[-1] == "cancelled"
+    assert (await store.get_message(answer.id)).status == "cancelled"
+
+    # A run that another request moved to ``cancelling`` first: nothing is written.
+    second, _, _ = await start_run(store, await store.create_thread(owner="alice"))
+    assert await store.mark_running(second.id)
+    await store.request_cancel(second.id, mode="soft", reason="first", actor="bob")
+    assert not await end(second)
+    kept = await store.get_run(second.id)
+    assert (kept.status, kept.cancel_mode, kept.cancel_reason, kept.cancel_actor) == ("cancelling", "soft", "first", "bob")
+    assert await store.list_audit(run_id=second.id) == [] and await event_types(store, second.id) == ["run_started"]
 
 
 async def test_finishing_a_run_cancels_its_pending_interrupt(store: Store) -> None:

@@ -24,7 +24,7 @@ from ..agent import Agent
 from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
 from ..models import Usage
-from ..store import AuditEntry, InterruptRecord, RunRecord, RunStatus, Store, args_digest
+from ..store import AuditEntry, CancelRequest, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
 from ._cancel import as_cancel_mode, cancelled_event
 from ._config import RunConfig
@@ -236,6 +236,12 @@ class Runtime:
         Raises :class:`~tether.errors.RunNotActive` once the run is terminal.
         """
         signalled = self._executors.get(run_id)
+        if signalled is not None and signalled.in_model_call:
+            # The usual case, a run streaming its answer: the request is written in the
+            # transaction that ends the run, one commit from the request to ``cancelled``.
+            if await signalled.cancel_and_end(CancelRequest(as_cancel_mode(mode), reason, actor)):
+                return await self.store.get_run(run_id)
+            # Not written (another request came first, or a store fault): recorded as below.
         if signalled is not None and not signalled.parked:
             # One hop: the model stops generating now; the executor ends the run only once the
             # request below is durable (it waits for ``cancel_recorded``).

@@ -41,7 +41,7 @@ from ..agent import Agent
 from ..errors import EventLogFailed, LimitExceeded, RunNotActive
 from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, Usage
-from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, Store, TurnOutcome, args_digest
+from ..store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, Store, TurnOutcome, args_digest
 from ..tools import Tool, ToolContext
 from ._cancel import CancelMode, as_cancel_mode, cancelled_event
 from ._config import RunConfig
@@ -121,6 +121,9 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         self._cancel_durable = asyncio.Event()
         self._cancel_record: RunRecord | None = None
         self._cancel_durable.set()
+        #: A cancel request handed over by :meth:`cancel_and_end`, to be written with the run's
+        #: end, and the answer its caller awaits (did that write commit?).
+        self._ending_cancel: tuple[CancelRequest, asyncio.Future[bool]] | None = None
 
     @property
     def events(self) -> EventLog:
@@ -144,6 +147,28 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
             self._model_scope.cancel()
         if mode == "hard" and self._tools_scope is not None:
             self._tools_scope.cancel()
+
+    @property
+    def in_model_call(self) -> bool:
+        """True while the run streams from its model and no cancel was requested yet: a cancel
+        now ends it without waiting for anything (see :meth:`cancel_and_end`)."""
+        return self._model_scope is not None and self.cancel_mode is None and not self.parked
+
+    async def cancel_and_end(self, request: CancelRequest) -> bool:
+        """Cancel in one write: stop the model call now and end the run with the transaction
+        that also records ``request`` (and its audit entry). Only while :attr:`in_model_call`:
+        from there the run's end follows at once (no tool runs, nothing is parked).
+
+        True once that transaction committed. False when it did not apply (the run was no
+        longer ``running``: another request was recorded first) or did not happen: the caller
+        then records ``request`` as usual, and the run ends once that is over
+        (:meth:`cancel_recorded`).
+        """
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._ending_cancel = (request, answer)
+        self.request_cancel(as_cancel_mode(request.mode))
+        # Shielded: a caller that goes away does not stop the run's end (nor its answer).
+        return await asyncio.shield(answer)
 
     def cancel_recorded(self, record: RunRecord | None = None) -> None:
         """The runtime's attempt to record the cancel request is over: written (``record``, the
@@ -198,6 +223,7 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
             logger.exception("run %s failed", self.run.id)
             await self._finish(RunError(code="internal_error", message=describe_exception(exc)))
         finally:
+            self._answer_ending_cancel(False)  # the run did not end here with the request
             await events.aclose()
 
     async def _run_segment(self) -> Event | object:
@@ -430,6 +456,15 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
             unused, self._started_turn = self._started_turn, None
             await self.store.update_message(unused.id, status="failed")
 
+    def _answer_ending_cancel(self, ended: bool) -> CancelRequest | None:
+        """Give the :meth:`cancel_and_end` caller its answer; returns the request, if any."""
+        if self._ending_cancel is None:
+            return None
+        (request, answer), self._ending_cancel = self._ending_cancel, None
+        if not answer.done():
+            answer.set_result(ended)
+        return request
+
     async def _commit_end(self, outcome: Event) -> None:
         try:
             await self.events.wait_for_idle()
@@ -440,6 +475,8 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
             # still get a terminal event and seq stays gapless.
             self.events.restart_at(await self.store.last_seq(self.run.id) + 1)
             outcome = RunError(code="event_log_failed", message="the event log could not be written", retryable=True)
+        if self._ending_cancel is not None and await self._end_with_its_cancel():
+            return
         if isinstance(outcome, Done):
             status, allowed = "completed", ("running",)
         elif isinstance(outcome, RunError):
@@ -463,13 +500,64 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         if current.status == "running" and self.cancel_mode:
             # The runtime could not record the cancel it signalled (a store fault): record it here.
             current = await self.store.request_cancel(self.run.id, mode=self.cancel_mode, reason=None, actor="system")
-        if current.status != "cancelling":
-            logger.warning("run %s: cannot finish, status is %s", self.run.id, current.status)
+        while current.status == "cancelling":
+            event = cancelled_event(current, mode=self.cancel_mode, partial_message_id=self._partial_message_id)
+            final = self.events.seal(event)
+            if await self.store.finish_run(
+                self.run.id,
+                status="cancelled",
+                final_event=final,
+                from_statuses=("cancelling",),
+                last_turn=self._cancelled_turn,
+                as_executor=True,
+                if_cancel_mode=event.mode,
+            ):
+                self._cancelled_turn = None
+                self.events.publish_final(final)
+                return
+            self.events.unseal(final)
+            # A hard request upgraded the recorded mode meanwhile: end with it. Otherwise the run
+            # is no longer this process's to end (taken over, or ended).
+            fresh = await self.store.get_run(self.run.id)
+            if fresh.status == "cancelling" and fresh.cancel_mode != current.cancel_mode:
+                current = fresh
+                continue
             return
-        final = self.events.seal(cancelled_event(current, mode=self.cancel_mode, partial_message_id=self._partial_message_id))
-        ended = await self.store.finish_run(
-            self.run.id, status="cancelled", final_event=final, from_statuses=("cancelling",), last_turn=self._cancelled_turn, as_executor=True
-        )
+        logger.warning("run %s: cannot finish, status is %s", self.run.id, current.status)
+
+    async def _end_with_its_cancel(self) -> bool:
+        """End the run ``cancelled`` in the transaction that also records the cancel request
+        handed over by :meth:`cancel_and_end` (its audit entry too): one commit from the request
+        to ``cancelled``. A requested cancel wins over whatever outcome the loop reached.
+
+        False if the write did not apply (the run is no longer ``running``): then the caller
+        records its request as usual, and the run's end waits for that.
+        """
+        assert self._ending_cancel is not None
+        request = self._ending_cancel[0]
+        mode = self.cancel_mode or as_cancel_mode(request.mode)  # a hard request meanwhile stays hard
+        self._cancel_durable.clear()  # should this write not apply, the caller's record comes first
+        final = self.events.seal(Cancelled(mode=mode, reason=request.reason, actor=request.actor, partial_message_id=self._partial_message_id))
+        entry = AuditEntry("cancel", request.actor, self.run.thread_id, self.run.id, reason=request.reason, outcome="cancelled", details={"mode": request.mode})
+        ended = False
+        try:
+            ended = await self.store.finish_run(
+                self.run.id,
+                status="cancelled",
+                final_event=final,
+                from_statuses=("running",),
+                audit_entries=[entry],
+                last_turn=self._cancelled_turn,
+                as_executor=True,
+                cancel=CancelRequest(mode, request.reason, request.actor),
+            )
+        finally:
+            if ended:
+                self._cancelled_turn = None
+                self._cancel_durable.set()
+            else:
+                self.events.unseal(final)  # not written: its seq is still free
+            self._answer_ending_cancel(ended)
         if ended:
-            self._cancelled_turn = None
             self.events.publish_final(final)
+        return ended

@@ -86,6 +86,15 @@ class TurnOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """A cancel request as the run records it: its mode, why, and who asked."""
+
+    mode: str
+    reason: str | None
+    actor: str
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadRecord:
     """A thread row."""
 

@@ -27,6 +27,7 @@ from ._records import (
     ACTIVE_RUN_STATUSES,
     EXECUTOR_RUN_STATUSES,
     AuditEntry,
+    CancelRequest,
     MessageRecord,
     RunRecord,
     RunStatus,
@@ -247,10 +248,16 @@ class RunStore(EventStore):
         audit_entries: Sequence[AuditEntry] = (),
         last_turn: TurnOutcome | None = None,
         as_executor: bool = False,
+        cancel: CancelRequest | None = None,
+        if_cancel_mode: str | None = None,
     ) -> bool:
         """Move the run to a terminal ``status`` and append its terminal event, in one transaction.
         ``last_turn``, a model turn that ended with the run (one stopped by a cancel), is stored
-        in it too.
+        in it too. ``cancel`` (with ``as_executor``): the cancel request that ends the run is
+        recorded by this same write (mode, reason, actor) instead of by a ``cancelling`` write
+        of its own; its audit entry comes in ``audit_entries``. ``if_cancel_mode`` (with
+        ``as_executor``): only while the recorded cancel mode is this one, the mode the
+        terminal event states.
 
         Only succeeds while the run is in one of ``from_statuses``: this is what keeps a run that
         is being cancelled from ever being committed as ``completed``. With ``as_executor`` it
@@ -260,7 +267,12 @@ class RunStore(EventStore):
         now = utcnow()
         values = {"run_id": run_id, "from_statuses": _values(from_statuses), "status": str(status), "now": now, "error": error}
         async with self._writing() as conn:
-            if as_executor:
+            if as_executor and cancel is not None:
+                request = {"cancel_mode_value": cancel.mode, "cancel_reason_value": cancel.reason, "cancel_actor_value": cancel.actor}
+                result = await conn.execute(Hot.finish_run_cancelled_as_executor, {**values, **request, "held_by": self.instance_id})
+            elif as_executor and if_cancel_mode is not None:
+                result = await conn.execute(Hot.finish_cancelling_as_executor, {**values, "held_by": self.instance_id, "expected_cancel_mode": if_cancel_mode})
+            elif as_executor:
                 result = await conn.execute(Hot.finish_run_as_executor, {**values, "held_by": self.instance_id})
             else:
                 result = await conn.execute(Hot.finish_run, values)

@@ -240,6 +240,13 @@ class Hot:
         .values(status=sa.bindparam("status"), ended_at=sa.bindparam("now"), error=sa.bindparam("error", type_=runs.c.error.type))
     )
     finish_run_as_executor = finish_run.where(runs.c.executor_id == sa.bindparam("held_by"))
+    #: The ``cancelled`` end of a ``cancelling`` run, as long as the request's mode is the one
+    #: its terminal event says (a ``hard`` upgrade in between makes it match no row).
+    finish_cancelling_as_executor = finish_run_as_executor.where(runs.c.cancel_mode == sa.bindparam("expected_cancel_mode"))
+    #: The end of a run that records the cancel request which ended it, in the same write.
+    finish_run_cancelled_as_executor = finish_run_as_executor.values(
+        cancel_mode=sa.bindparam("cancel_mode_value"), cancel_reason=sa.bindparam("cancel_reason_value"), cancel_actor=sa.bindparam("cancel_actor_value")
+    )
     cancel_pending_interrupts = (
         interrupts.update()
         .where(interrupts.c.run_id == sa.bindparam("of_run"), interrupts.c.status == "pending")
