@@ -230,25 +230,21 @@ class Runtime:
         return sum(1 for executor in self._executors.values() if not executor.parked)
 
     async def cancel(self, run_id: str, *, mode: str = "soft", reason: str | None = None, actor: str = "anonymous") -> RunRecord:
-        """Explicitly cancel a run (the only way a run becomes ``cancelled``).
-
-        Idempotent while cancelling; a ``hard`` request upgrades an earlier ``soft`` one.
-        Raises :class:`~tether.errors.RunNotActive` once the run is terminal.
-        """
+        """Explicitly cancel a run (the only way a run becomes ``cancelled``). Idempotent while
+        cancelling; a ``hard`` request upgrades an earlier ``soft`` one.
+        :class:`~tether.errors.RunNotActive` once the run is terminal."""
         signalled = self._executors.get(run_id)
         if signalled is not None and signalled.in_model_call:
-            # The usual case, a run streaming its answer: the request is written in the
-            # transaction that ends the run, one commit from the request to ``cancelled``.
+            # A run streaming its answer (the usual case) ends in the write that records the
+            # request; if that did not apply (a request came first, a fault), record it below.
             if await signalled.cancel_and_end(CancelRequest(as_cancel_mode(mode), reason, actor)):
                 return await self.store.get_run(run_id)
-            # Not written (another request came first, or a store fault): recorded as below.
         if signalled is not None and not signalled.parked:
             # One hop: the model stops generating now; the executor ends the run only once the
             # request below is durable (it waits for ``cancel_recorded``).
             signalled.request_cancel(as_cancel_mode(mode), recorded=False)
         written: RunRecord | None = None
-        try:
-            # The request and its audit entry: one transaction.
+        try:  # the request and its audit entry: one transaction
             record = written = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor, audited=True)
         finally:
             if signalled is not None:

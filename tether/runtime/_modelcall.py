@@ -50,6 +50,7 @@ class ModelCalls:
     _on_usage: Callable[[Usage], None] | None
     _started_turn: MessageRecord | None
     _cancelled_turn: TurnOutcome | None
+    _answer_turn: TurnOutcome | None
 
     if TYPE_CHECKING:
 
@@ -114,7 +115,14 @@ class ModelCalls:
         for announcement in announcements:
             self.events.emit(announcement)
         stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
-        await self._store_turn(self._outcome(message.id, request.usage, content=text, status="complete", tool_calls=stored_calls or None))
+        outcome = self._outcome(message.id, request.usage, content=text, status="complete", tool_calls=stored_calls or None)
+        if requests:
+            await self._store_turn(outcome)
+        else:
+            # An answer without calls usually ends the run: it is stored in the transaction that
+            # ends it (``finish_run(last_turn=…)``), one commit less; or before the next model
+            # call, should a steering message have come meanwhile.
+            self._answer_turn = outcome
         self._partial_message_id = None
         return ModelTurn(message.id, text, requests, calls)
 

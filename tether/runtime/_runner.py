@@ -38,13 +38,14 @@ import anyio
 
 from .._ids import new_id, utcnow
 from ..agent import Agent
-from ..errors import EventLogFailed, LimitExceeded, RunNotActive
-from ..events import Cancelled, Done, Event, Interrupt, RunError, Status, UserMessage, format_ts
+from ..errors import LimitExceeded, RunNotActive
+from ..events import Done, Event, Interrupt, RunError, Status, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, Usage
 from ..store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, Store, TurnOutcome, args_digest
 from ..tools import Tool, ToolContext
-from ._cancel import CancelMode, as_cancel_mode, cancelled_event
+from ._cancel import CancelMode, as_cancel_mode
 from ._config import RunConfig
+from ._end import RunEnd
 from ._eventlog import EventLog
 from ._gate import FourEyesPolicy, action_request, needs_four_eyes, review_config
 from ._groupcommit import GroupCommit
@@ -59,7 +60,7 @@ __all__ = ["RunExecutor"]
 logger = logging.getLogger("tether.runtime")
 
 
-class RunExecutor(ModelCalls, CheckpointRecovery):
+class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
     """Executes one run from its current state to a terminal event or a human pause."""
 
     def __init__(
@@ -103,6 +104,9 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         self._started_turn: MessageRecord | None = None
         #: A model turn a cancel stopped, to be stored with the run's end.
         self._cancelled_turn: TurnOutcome | None = None
+        #: The last model turn when it answered without calls, to be stored with the run's end
+        #: (or before the next model call).
+        self._answer_turn: TurnOutcome | None = None
         if takeover and run.status == "cancelling":  # the dead process was already stopping it
             self.cancel_mode = as_cancel_mode(run.cancel_mode)
         #: Steering messages sent into the run, announced but not yet in the history.
@@ -287,15 +291,15 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
                 if self._partial_message_id is None:
                     # The answer finished just as the cancel came: a cancelled run has no
                     # finished answer, so it is kept flagged like any partial one.
-                    self._partial_message_id = turn.message_id
-                    await self.store.update_message(turn.message_id, status="cancelled")
+                    await self._flag_answer_cancelled(turn.message_id)
                 return self._cancelled_event()
             history.append(ChatMessage("assistant", turn.text, tuple(turn.requests)))
             # Calls that were stored always get their results, even after a cancel request
             # (then ``cancelled``, and nothing new starts): no tool call is left dangling.
             if not turn.calls:
-                if self._steering:
-                    continue  # a steering message arrived during the last turn: one more model call
+                if self._steering:  # a steering message arrived during the last turn: one more model call
+                    await self._store_answer()
+                    continue
                 self.accepting_messages = False
                 return Done(message_id=turn.message_id, usage=self.usage.to_json())
             results = await self._handle_calls(turn.calls)
@@ -439,125 +443,3 @@ class RunExecutor(ModelCalls, CheckpointRecovery):
         await self._settle(turn.calls)
         self._steering = turn.steering
         return await self.history_at(self._leaf_id)
-
-    # -- the end -----------------------------------------------------------------------------
-
-    def _cancelled_event(self) -> Event:
-        return Cancelled(mode=self.cancel_mode or "soft", partial_message_id=self._partial_message_id)
-
-    async def _finish(self, outcome: Event) -> None:
-        """Commit the terminal event with the final status; a requested cancel always wins."""
-        self.accepting_messages = False
-        await self._commit_end(outcome)
-        if self._cancelled_turn is not None:  # the run's end was not written here
-            turn, self._cancelled_turn = self._cancelled_turn, None
-            await self._store_turn(turn)
-        if self._started_turn is not None:  # the run ended before its first model call (an internal error)
-            unused, self._started_turn = self._started_turn, None
-            await self.store.update_message(unused.id, status="failed")
-
-    def _answer_ending_cancel(self, ended: bool) -> CancelRequest | None:
-        """Give the :meth:`cancel_and_end` caller its answer; returns the request, if any."""
-        if self._ending_cancel is None:
-            return None
-        (request, answer), self._ending_cancel = self._ending_cancel, None
-        if not answer.done():
-            answer.set_result(ended)
-        return request
-
-    async def _commit_end(self, outcome: Event) -> None:
-        try:
-            await self.events.wait_for_idle()
-            if self._steering:  # announced steering messages are never dropped: they join the tree
-                await self._take_steering([])
-        except EventLogFailed:
-            # The log could not commit: end the run right after what *is* stored, so followers
-            # still get a terminal event and seq stays gapless.
-            self.events.restart_at(await self.store.last_seq(self.run.id) + 1)
-            outcome = RunError(code="event_log_failed", message="the event log could not be written", retryable=True)
-        if self._ending_cancel is not None and await self._end_with_its_cancel():
-            return
-        if isinstance(outcome, Done):
-            status, allowed = "completed", ("running",)
-        elif isinstance(outcome, RunError):
-            status, allowed = "failed", ("running",)
-        else:
-            status, allowed = "cancelled", ("cancelling",)
-        if status != "cancelled":
-            final = self.events.seal(outcome)
-            error = {"code": outcome.code, "message": outcome.message} if isinstance(outcome, RunError) else None
-            if await self.store.finish_run(self.run.id, status=status, final_event=final, from_statuses=allowed, error=error, as_executor=True):
-                self.events.publish_final(final)
-                return
-            self.events.unseal(final)  # not written: its seq is still free
-            # The run is no longer `running`: a cancel was committed first. It wins.
-            if self._partial_message_id is None and isinstance(outcome, Done) and outcome.message_id:
-                self._partial_message_id = outcome.message_id
-                await self.store.update_message(outcome.message_id, status="cancelled")
-        await self._cancel_durable.wait()  # a cancel signalled before it was written: its record first
-        # The request's record, as this process wrote it (who asked, why); read it otherwise.
-        current = self._cancel_record or await self.store.get_run(self.run.id)
-        if current.status == "running" and self.cancel_mode:
-            # The runtime could not record the cancel it signalled (a store fault): record it here.
-            current = await self.store.request_cancel(self.run.id, mode=self.cancel_mode, reason=None, actor="system")
-        while current.status == "cancelling":
-            event = cancelled_event(current, mode=self.cancel_mode, partial_message_id=self._partial_message_id)
-            final = self.events.seal(event)
-            if await self.store.finish_run(
-                self.run.id,
-                status="cancelled",
-                final_event=final,
-                from_statuses=("cancelling",),
-                last_turn=self._cancelled_turn,
-                as_executor=True,
-                if_cancel_mode=event.mode,
-            ):
-                self._cancelled_turn = None
-                self.events.publish_final(final)
-                return
-            self.events.unseal(final)
-            # A hard request upgraded the recorded mode meanwhile: end with it. Otherwise the run
-            # is no longer this process's to end (taken over, or ended).
-            fresh = await self.store.get_run(self.run.id)
-            if fresh.status == "cancelling" and fresh.cancel_mode != current.cancel_mode:
-                current = fresh
-                continue
-            return
-        logger.warning("run %s: cannot finish, status is %s", self.run.id, current.status)
-
-    async def _end_with_its_cancel(self) -> bool:
-        """End the run ``cancelled`` in the transaction that also records the cancel request
-        handed over by :meth:`cancel_and_end` (its audit entry too): one commit from the request
-        to ``cancelled``. A requested cancel wins over whatever outcome the loop reached.
-
-        False if the write did not apply (the run is no longer ``running``): then the caller
-        records its request as usual, and the run's end waits for that.
-        """
-        assert self._ending_cancel is not None
-        request = self._ending_cancel[0]
-        mode = self.cancel_mode or as_cancel_mode(request.mode)  # a hard request meanwhile stays hard
-        self._cancel_durable.clear()  # should this write not apply, the caller's record comes first
-        final = self.events.seal(Cancelled(mode=mode, reason=request.reason, actor=request.actor, partial_message_id=self._partial_message_id))
-        entry = AuditEntry("cancel", request.actor, self.run.thread_id, self.run.id, reason=request.reason, outcome="cancelled", details={"mode": request.mode})
-        ended = False
-        try:
-            ended = await self.store.finish_run(
-                self.run.id,
-                status="cancelled",
-                final_event=final,
-                from_statuses=("running",),
-                audit_entries=[entry],
-                last_turn=self._cancelled_turn,
-                as_executor=True,
-                cancel=CancelRequest(mode, request.reason, request.actor),
-            )
-        finally:
-            if ended:
-                self._cancelled_turn = None
-                self._cancel_durable.set()
-            else:
-                self.events.unseal(final)  # not written: its seq is still free
-            self._answer_ending_cancel(ended)
-        if ended:
-            self.events.publish_final(final)
-        return ended

@@ -279,7 +279,10 @@ class RunStore(EventStore):
             if result.rowcount != 1:
                 return False  # nothing was written
             # A terminal run has no pending interrupt: nothing can approve its actions any more.
-            await conn.execute(Hot.cancel_pending_interrupts, {"of_run": run_id, "now": now})
+            # (A `running` run has none: parking opens it and resolving closes it with the
+            # status change, in one transaction each.)
+            if tuple(from_statuses) != (RunStatus.RUNNING.value,):
+                await conn.execute(Hot.cancel_pending_interrupts, {"of_run": run_id, "now": now})
             await self._write_events(conn, run_id, [*events_before, final_event])
             if audit_entries:
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
