@@ -86,14 +86,12 @@ class RunEnd:
             unused, self._started_turn = self._started_turn, None
             await self.store.update_message(unused.id, status="failed")
 
-    def _answer_ending_cancel(self, ended: bool) -> CancelRequest | None:
-        """Give the :meth:`cancel_and_end` caller its answer; returns the request, if any."""
-        if self._ending_cancel is None:
-            return None
-        (request, answer), self._ending_cancel = self._ending_cancel, None
-        if not answer.done():
-            answer.set_result(ended)
-        return request
+    def _answer_ending_cancel(self, ended: bool) -> None:
+        """Give the :meth:`cancel_and_end` caller its answer: did the run end with its request?"""
+        if self._ending_cancel is not None:
+            (_request, answer), self._ending_cancel = self._ending_cancel, None
+            if not answer.done():
+                answer.set_result(ended)
 
     async def _commit_end(self, outcome: Event) -> None:
         try:
