@@ -558,9 +558,11 @@ async (runId) => {
 
 
 def test_the_browser_client_resumes_a_cut_stream_from_its_last_seq_without_gaps_or_duplicates(page: Page, server: LiveServer, api: httpx.Client) -> None:
-    thread = api.post("/v1/threads").json()
-    run = api.post(f"/v1/threads/{thread['id']}/runs", json={"input": {"content": script({"tokens": 80, "delay_ms": 10})}}).json()
     open_ui(page, server)  # for the origin and the module
+    # Started only now, and long enough (2 s) to be live while the first three connections are
+    # cut: a run that had already ended would come in a few large chunks, and fewer reconnects.
+    thread = api.post("/v1/threads").json()
+    run = api.post(f"/v1/threads/{thread['id']}/runs", json={"input": {"content": script({"tokens": 200, "delay_ms": 10})}}).json()
 
     result = page.evaluate(CUT_STREAMS_JS, run["id"])
 
