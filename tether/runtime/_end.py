@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import EventLogFailed
 from ..events import Cancelled, Done, Event, RunError
-from ..store import AuditEntry, CancelRequest, MessageRecord, RunRecord, Store, TurnOutcome
+from ..store import CancelRequest, MessageRecord, RunRecord, Store, TurnOutcome
 from ._cancel import CancelMode, as_cancel_mode, cancelled_event
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class RunEnd:
         mode = self.cancel_mode or as_cancel_mode(request.mode)  # a hard request meanwhile stays hard
         self._cancel_durable.clear()  # should this write not apply, the caller's record comes first
         final = self.events.seal(Cancelled(mode=mode, reason=request.reason, actor=request.actor, partial_message_id=self._partial_message_id))
-        entry = AuditEntry("cancel", request.actor, self.run.thread_id, self.run.id, reason=request.reason, outcome="cancelled", details={"mode": request.mode})
+        entry = request.audit_entry(self.run.thread_id, self.run.id, outcome="cancelled")
         ended = False
         try:
             ended = await self.store.finish_run(
@@ -182,7 +182,7 @@ class RunEnd:
                 audit_entries=[entry],
                 last_turn=self._cancelled_turn,
                 as_executor=True,
-                cancel=CancelRequest(mode, request.reason, request.actor),
+                cancel=replace(request, mode=mode),
             )
         finally:
             if ended:

@@ -93,6 +93,10 @@ class CancelRequest:
     reason: str | None
     actor: str
 
+    def audit_entry(self, thread_id: str, run_id: str, *, outcome: str) -> AuditEntry:
+        """The request's ``cancel`` audit entry; ``outcome`` is what it did to the run."""
+        return AuditEntry("cancel", self.actor, thread_id, run_id, reason=self.reason, outcome=outcome, details={"mode": self.mode})
+
 
 @dataclass(frozen=True, slots=True)
 class ThreadRecord:

@@ -228,7 +228,7 @@ class RunStore(EventStore):
                 row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
             record = run_record(row) if row is not None else None
             if audited and record is not None and not record.terminal:
-                entry = AuditEntry("cancel", actor, record.thread_id, run_id, reason=reason, outcome="cancelling", details={"mode": mode})
+                entry = CancelRequest(mode, reason, actor).audit_entry(record.thread_id, run_id, outcome="cancelling")
                 await conn.execute(audit.insert(), [entry.values()])
         if record is None:
             raise NotFound(f"run {run_id!r} not found", code="run_not_found")
