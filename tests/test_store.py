@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -623,6 +624,60 @@ async def test_group_commit_puts_many_runs_in_one_transaction_and_a_bad_batch_fa
         assert [e.seq for e in await store.read_events(runs[0].id)] == list(range(1, 42))
     finally:
         await writer.aclose()
+
+
+async def test_after_slow_commits_the_writer_rests_only_while_many_runs_have_an_event_or_so_each(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rest after a slow commit lets runs streaming at a model's pace gather a few events each
+    per commit; runs with many events queued, and a run whose events trickle in one commit at a
+    time, never wait for one. Every event is stored, in order, either way."""
+    commit = store.append_event_batches
+
+    async def slow_commit(batches: Any) -> None:  # a slow disk: every commit takes 5 ms more
+        await commit(batches)
+        await asyncio.sleep(0.005)
+
+    monkeypatch.setattr(store, "append_event_batches", slow_commit)
+    bus = LocalBus()
+
+    async def stream(writer: GroupCommit, runs: int, events: int, pause: Callable[[EventLog], Awaitable[None]]) -> int:
+        """The writer's rests until the first run has emitted its last event (the runs' ends, one
+        after the other, trickle like a slow stream would)."""
+        logs = [EventLog(store, bus, (await start_run(store, await store.create_thread(owner="alice")))[0].id, next_seq=2, writer=writer) for _ in range(runs)]
+        rests: list[int] = []
+
+        async def one(event_log: EventLog) -> None:
+            for n in range(events):
+                event_log.emit_delta("token", "m", f"{n}")
+                await pause(event_log)
+            rests.append(writer.rests)
+            await event_log.wait_for_idle()
+
+        async with anyio.create_task_group() as group:
+            for event_log in logs:
+                group.start_soon(one, event_log)
+        for event_log in logs:
+            assert [e.seq for e in await store.read_events(event_log.run_id)] == list(range(1, events + 2))
+        return rests[0]
+
+    pace = random.Random(15)
+
+    async def model_pace(_log: EventLog) -> None:  # a token every 5–15 ms: a run has one, or none, per commit
+        await asyncio.sleep(pace.uniform(0.005, 0.015))
+
+    async def fast_model(_log: EventLog) -> None:  # several tokens per run during every commit
+        await asyncio.sleep(0.0005)
+
+    async def until_committed(event_log: EventLog) -> None:
+        await event_log.wait_for_idle()
+
+    # (writer's rests expected, runs, events per run, what each run does after an event)
+    for rests_expected, runs, events, pause in ((True, 40, 20, model_pace), (False, 3, 200, fast_model), (False, 1, 30, until_committed)):
+        writer = GroupCommit(store)
+        try:
+            rests = await stream(writer, runs, events, pause)
+        finally:
+            await writer.aclose()
+        assert (rests > 0) is rests_expected, (runs, events, rests, writer.transactions)
 
 
 async def test_events_append_in_batches_and_read_back_in_order_with_paging(store: Store) -> None:

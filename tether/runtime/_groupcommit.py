@@ -9,12 +9,25 @@ an idle moment are committed at once. With hundreds of runs streaming, that is o
 transaction and one task wake-up per commit latency, instead of one per run per token, and on
 SQLite one turn of the write lock instead of hundreds.
 
-Under a sustained burst (events arrived during each of the last two commits) a small
-transaction waits up to ``_BURST_LINGER_S`` for more, as PostgreSQL's ``commit_delay`` does:
-a transaction costs the event loop far more than an event does, so committing a burst a few
-events at a time would spend the loop on transactions instead of on the streams
-(``benchmarks/stream_throughput.py``). Events after an idle moment never wait, nor do the ones
-right after them (a run's first tokens, arriving while its ``status`` event commits).
+Under sustained load (events arrived during each of the last two commits) the writer paces
+itself, as PostgreSQL's ``commit_delay`` does: a transaction costs far more than an event does
+(its round trips and fsync, and on SQLite every page it touches: with hundreds of runs
+streaming, each run's newest events sit on a page of their own, so a commit writes a page per
+run whether it carries one event of that run or five), so committing as fast as possible spends
+the process on transactions instead of on the streams. Two rules:
+
+- after a slow commit (one that took ``_SLOW_COMMIT_S`` or more), while the runs waiting have
+  about one event each (many runs streaming at a model's pace), the writer rests as long as that
+  commit took before it takes the next batch: the store works at most half the time, and each
+  commit carries about twice the events per run. An event waits at most one commit's time more;
+  with commits this slow, the streams were already that far behind. Runs that have many events
+  queued each (a model faster than the store) gain nothing from a rest, and get none;
+- a small transaction (under ``_BURST_EVENTS``) after a quick commit waits ``_BURST_LINGER_S``
+  for more.
+
+Events after an idle moment never wait, nor do the ones right after them (a run's first tokens,
+arriving while its ``status`` event commits): a single stream, or a few, never trigger either
+rule (``benchmarks/scale.py`` measures both, many runs at once and one alone).
 
 A commit that fails is retried log by log, so one run's bad batch (a seq another process took
 first) fails only that run's log, not every run that shared the transaction.
@@ -40,6 +53,10 @@ log = logging.getLogger("tether.runtime")
 #: How long a small transaction waits for more during a sustained burst, and what counts as small.
 _BURST_LINGER_S = 0.001
 _BURST_EVENTS = 256
+#: A commit at least this slow, under sustained load, is followed by a rest as long as it took
+#: while the runs waiting have fewer than ``_FEW_EVENTS_PER_RUN`` events queued on average.
+_SLOW_COMMIT_S = 0.002
+_FEW_EVENTS_PER_RUN = 2
 
 
 class GroupCommit:
@@ -51,9 +68,11 @@ class GroupCommit:
         self._waiting: dict[EventLog, None] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        #: Transactions committed and the run batches they carried (counters for tests and benchmarks).
+        #: Transactions committed, the run batches they carried, and the rests the writer took
+        #: after slow commits (counters for tests and benchmarks).
         self.transactions = 0
         self.batches = 0
+        self.rests = 0
 
     def start(self) -> None:
         """Start the writer task (owned by this object; stopped by :meth:`aclose`)."""
@@ -72,16 +91,25 @@ class GroupCommit:
 
     async def _write_loop(self) -> None:
         busy = 0  # how many commits in a row had events arriving while they were in flight
+        took = 0.0  # how long the last commit took
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 await self._wakeup.wait()
-                if busy >= 2 and sum(len(waiting.pending) for waiting in self._waiting) < _BURST_EVENTS:
-                    await asyncio.sleep(_BURST_LINGER_S)
+                if busy >= 2:
+                    queued = sum(len(waiting.pending) for waiting in self._waiting)
+                    if took >= _SLOW_COMMIT_S and queued < _FEW_EVENTS_PER_RUN * len(self._waiting):
+                        self.rests += 1
+                        await asyncio.sleep(took)
+                    elif queued < _BURST_EVENTS:
+                        await asyncio.sleep(_BURST_LINGER_S)
                 self._wakeup.clear()
                 logs, self._waiting = list(self._waiting), {}
                 work = [(event_log, batch) for event_log in logs if (batch := event_log.take())]
                 if work:
+                    began = loop.time()
                     await self._commit(work)
+                    took = loop.time() - began
                 busy = busy + 1 if self._waiting else 0
         finally:
             # Stopped (the runtime is closing): nobody will commit what still waits.
