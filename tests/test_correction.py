@@ -317,6 +317,24 @@ async def test_a_correction_sent_during_the_final_answer_causes_one_more_model_c
     assert events[-1].type == "done" and events[-1].data["message_id"] == path[3]["id"]
 
 
+async def test_a_correction_sent_as_soon_as_the_start_returns_is_taken_and_answered_after_the_first_answer(client: AsyncClient) -> None:
+    """A started run is ``running`` from its first commit: a correction sent the moment the 202
+    arrives (before the run has streamed anything) is accepted, not refused as not running."""
+    thread_id = await new_thread(client)
+    content = script({"tokens": 5, "delay_ms": 10}, {"echo": True})
+    run = await client.start_run(thread_id, content)
+    assert run["status"] == "running"
+    steered = await client.steer(run["id"], "in French please")
+    events = [event async for event in client.follow(run["id"])]
+    assert events[-1].type == "done"
+    path = await client.messages(thread_id)
+    assert [m["role"] for m in path] == ["user", "assistant", "user", "assistant"]
+    assert (path[2]["id"], path[2]["content"]) == (steered["id"], "in French please")
+    assert [e.data["message_id"] for e in events if e.type == "user_message"] == [steered["id"]]
+    assert model_calls(events) == 2
+    assert echoed(path[3]) == [turn("user", content), turn("assistant", path[1]["content"]), turn("user", "in French please")]
+
+
 async def test_a_finished_run_refuses_a_correction(client: AsyncClient) -> None:
     thread_id, before = await thread_with_turns(client, "all done")
     run_id = before[-1]["run_id"]

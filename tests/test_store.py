@@ -283,6 +283,38 @@ async def test_create_run_writes_the_run_its_user_message_and_run_started_atomic
     assert run.id in {r.id for r in await store.runs_in_status(("queued",))}
 
 
+async def test_a_run_created_running_is_one_transaction_with_its_first_status_and_answer_or_nothing(store: Store) -> None:
+    """``create_started_run``: what ``create_run`` and then ``mark_running`` write, in one
+    commit (the server starts every run this way); refused, it writes nothing."""
+    thread = await store.create_thread(owner="alice")
+    created = await store.create_started_run(
+        thread_id=thread.id, content="refund order 42", parent_id=None, use_active_leaf=True, config={}, requested_by="alice"
+    )
+    run, user, answer = created.run, created.input, created.first_turn
+    assert answer is not None
+    assert (run.status, run.requested_by, run.input_message_id) == ("running", "alice", user.id) and run.started_at is not None
+    assert await store.get_run(run.id) == run  # the run exactly as written
+    assert [(e.seq, e.type) for e in created.events] == [(1, "run_started"), (2, "status")]
+    assert await store.read_events(run.id) == created.events
+    assert Envelope.from_json(created.events[1].envelope).data == {"stage": "model", "detail": None, "discard_message_id": None}
+    assert (answer.role, answer.content, answer.status, answer.parent_id, answer.run_id) == ("assistant", "", "partial", user.id, run.id)
+    assert await store.thread_messages(thread.id) == [user, answer]
+    assert (await store.get_thread(thread.id)).active_leaf_id == answer.id
+    assert not await store.mark_running(run.id)  # running already: nothing left to start
+
+    # Refused (the thread has an active run; a parent of another thread): nothing of it is written.
+    other = await store.create_thread(owner="alice")
+    foreign = (await start_run(store, other, "elsewhere"))[1]
+    for parent_id, use_active_leaf, refusal in ((None, True, ThreadBusy), (foreign.id, False, InvalidRequest)):
+        if refusal is InvalidRequest:
+            await finish(store, run.id, from_statuses=("running",))
+        with pytest.raises(refusal):
+            await store.create_started_run(thread_id=thread.id, content="and another", parent_id=parent_id, use_active_leaf=use_active_leaf, config={})
+        assert len(await store.list_runs(thread.id)) == 1
+        assert await store.thread_messages(thread.id) == [user, answer]
+        assert (await store.get_thread(thread.id)).active_leaf_id == answer.id
+
+
 async def test_a_second_run_on_a_thread_with_an_active_run_is_refused_and_writes_nothing(store: Store) -> None:
     for status in ("queued", "running", "waiting_human", "cancelling"):
         thread = await store.create_thread(owner="alice")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._ids import utcnow
@@ -24,7 +23,7 @@ from ..agent import Agent
 from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
 from ..models import Usage
-from ..store import AuditEntry, CancelRequest, InterruptRecord, RunRecord, RunStatus, Store, args_digest
+from ..store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
 from ._cancel import as_cancel_mode, cancelled_event
 from ._config import RunConfig
@@ -32,7 +31,7 @@ from ._follow import FellBehind, follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
 from ._groupcommit import GroupCommit
 from ._history import HistoryPolicy
-from ._pgbus import PostgresBus
+from ._pgbus import open_bus
 from ._resumes import ResumesUnderWay
 from ._runner import RunExecutor
 from ._turn import ParkedTurn, turn_messages
@@ -106,7 +105,7 @@ class Runtime:
         store = await Store.open(db_url)
         store.lease_s = lease_s
         try:
-            bus = await _open_bus(store, stream_buffer_bytes)
+            bus = await open_bus(store, stream_buffer_bytes)
         except BaseException:
             await store.aclose()
             raise
@@ -169,8 +168,9 @@ class Runtime:
         owner: str | None = None,
         requester: str | None = None,
     ) -> RunRecord:
-        """Start a run on a thread: store it queued with its input and ``run_started``, then
-        execute it in a task of the runtime. Returns the run as created.
+        """Start a run on a thread: store it with its input, already ``running`` (its
+        ``run_started`` and first ``status`` events and its first model turn's empty answer, one
+        transaction), then execute it in a task of the runtime. Returns the run as created.
 
         The input attaches to the thread's active leaf (``use_active_leaf``) or to ``parent_id``
         (a fork; ``None`` is a new root); with no ``content`` the run regenerates the answer to
@@ -180,7 +180,7 @@ class Runtime:
         run's interrupts (unless four-eyes applies), and the server caps the runs of one
         requester that are active at once (:meth:`~tether.store.Store.count_active_runs`).
         """
-        run, _input, started = await self.store.create_run(
+        created = await self.store.create_started_run(
             thread_id=thread_id,
             content=content,
             parent_id=parent_id,
@@ -189,13 +189,22 @@ class Runtime:
             owner=owner,
             requested_by=requester,
         )
-        self.bus.publish(run.id, [started])
-        self.launch(run, next_seq=started.seq + 1)
-        return run
+        self.bus.publish(created.run.id, created.events)
+        self.launch(created.run, next_seq=created.events[-1].seq + 1, first_turn=created.first_turn)
+        return created.run
 
-    def launch(self, run: RunRecord, *, resume: InterruptRecord | None = None, takeover: bool = False, next_seq: int | None = None) -> None:
-        """Execute a run (queued, or resumed after ``resume``) in a task owned by the runtime;
-        ``next_seq``, when the caller knows it (a run just created), saves reading it."""
+    def launch(
+        self,
+        run: RunRecord,
+        *,
+        resume: InterruptRecord | None = None,
+        takeover: bool = False,
+        next_seq: int | None = None,
+        first_turn: MessageRecord | None = None,
+    ) -> None:
+        """Execute a run (queued, created running, or resumed after ``resume``) in a task owned
+        by the runtime; ``next_seq``, when the caller knows it (a run just created), saves reading
+        it; ``first_turn`` is the first model turn's message of a run created running."""
         existing = self._executors.get(run.id)
         if self._closing or (existing is not None and not existing.parked):
             return
@@ -211,6 +220,7 @@ class Runtime:
             on_usage=self.tokens.add,
             writer=self.writer,
             next_seq=next_seq,
+            first_turn=first_turn,
         )
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
         self._run_tasks[run.id] = self._spawn(self._drive(executor), f"run-{run.id}")
@@ -480,21 +490,3 @@ class Runtime:
         for run in claimed:
             self.launch(run, takeover=run.status != "queued")
             log.info("took over run %s (was %s)", run.id, run.status)
-
-
-async def _open_bus(store: Store, max_pending_bytes: int) -> LocalBus:
-    """The bus for ``store``: in-process on SQLite (one process); on PostgreSQL, other processes
-    may share the database, so also hear what they commit and command (started here)."""
-    if store.is_sqlite:
-        return LocalBus(max_pending_bytes=max_pending_bytes)
-    dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    bus = PostgresBus(dsn, store.instance_id, read_events=_event_reader(store), max_pending_bytes=max_pending_bytes)
-    await bus.start()
-    return bus
-
-
-def _event_reader(store: Store) -> Callable[[str, int, int], Awaitable[list[StoredEvent]]]:
-    async def read(run_id: str, after_seq: int, limit: int) -> list[StoredEvent]:
-        return await store.read_events(run_id, after_seq=after_seq, limit=limit)
-
-    return read

@@ -32,7 +32,9 @@ from ._bus import LocalBus
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["PostgresBus"]
+    from ..store import Store
+
+__all__ = ["PostgresBus", "open_bus"]
 
 #: Reads a run's events after a seq, up to a limit: ``Store.read_events``.
 EventReader = Callable[[str, int, int], Awaitable[list[StoredEvent]]]
@@ -161,3 +163,21 @@ class PostgresBus(LocalBus):
                     raise  # we are being cancelled ourselves, not just our supervisor
         if self._conn is not None and not self._conn.is_closed():
             await self._conn.close()
+
+
+async def open_bus(store: Store, max_pending_bytes: int) -> LocalBus:
+    """The bus for ``store``: in-process on SQLite (one process); on PostgreSQL, other processes
+    may share the database, so also hear what they commit and command (started here)."""
+    if store.is_sqlite:
+        return LocalBus(max_pending_bytes=max_pending_bytes)
+    dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    bus = PostgresBus(dsn, store.instance_id, read_events=_event_reader(store), max_pending_bytes=max_pending_bytes)
+    await bus.start()
+    return bus
+
+
+def _event_reader(store: Store) -> EventReader:
+    async def read(run_id: str, after_seq: int, limit: int) -> list[StoredEvent]:
+        return await store.read_events(run_id, after_seq=after_seq, limit=limit)
+
+    return read

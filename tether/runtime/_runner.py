@@ -77,6 +77,7 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         on_usage: Callable[[Usage], None] | None = None,
         writer: GroupCommit | None = None,
         next_seq: int | None = None,
+        first_turn: MessageRecord | None = None,
     ) -> None:
         self.store = store
         #: The server's four-eyes policy: which parked calls need an approver other than the requester.
@@ -100,8 +101,10 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         self._leaf_id: str | None = run.input_message_id
         #: The first model turn's assistant message, committed with the run's start together
         #: with the turn's ``status`` event; None once that turn has begun (and in a resumed or
-        #: taken-over segment).
-        self._started_turn: MessageRecord | None = None
+        #: taken-over segment). Given when the run was created running
+        #: (``Store.create_started_run``): then the start is written already.
+        self._started_turn: MessageRecord | None = first_turn
+        self._start_written = first_turn is not None
         #: A model turn a cancel stopped, to be stored with the run's end.
         self._cancelled_turn: TurnOutcome | None = None
         #: The last model turn when it answered without calls, to be stored with the run's end
@@ -248,6 +251,8 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
             if current.status == "cancelling":
                 self.request_cancel(as_cancel_mode(current.cancel_mode))
             return await self._loop(await self._apply_review(self.resume))
+        if self._start_written:  # created running, with its first status and turn's message
+            return await self._loop(await self.history_at(self.run.input_message_id))
         # The run starts, says it is calling the model and stores the (empty, partial) answer of
         # its first turn in one transaction: two commits less before the first token. (No
         # steering message can be waiting: a run takes them only once it is running.)

@@ -41,6 +41,7 @@ from ._records import (
     args_digest,
     run_record,
 )
+from ._runs import StartedRun
 from ._store import Store
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "AuditEntry",
     "TurnOutcome",
     "CancelRequest",
+    "StartedRun",
     "Principal",
     "KeyRecord",
     "ROLES",
