@@ -23,7 +23,7 @@ from ..agent import Agent
 from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
 from ..models import Usage
-from ..store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, RunStatus, Store, args_digest
+from ..store import AuditEntry, CancelRequest, InterruptRecord, RunRecord, RunStatus, StartedRun, Store, args_digest
 from ._bus import LocalBus, Subscription
 from ._cancel import as_cancel_mode, cancelled_event
 from ._config import RunConfig
@@ -190,7 +190,7 @@ class Runtime:
             requested_by=requester,
         )
         self.bus.publish(created.run.id, created.events)
-        self.launch(created.run, next_seq=created.events[-1].seq + 1, first_turn=created.first_turn)
+        self.launch(created.run, started=created)
         return created.run
 
     def launch(
@@ -199,12 +199,10 @@ class Runtime:
         *,
         resume: InterruptRecord | None = None,
         takeover: bool = False,
-        next_seq: int | None = None,
-        first_turn: MessageRecord | None = None,
+        started: StartedRun | None = None,
     ) -> None:
-        """Execute a run (queued, created running, or resumed after ``resume``) in a task owned
-        by the runtime; ``next_seq``, when the caller knows it (a run just created), saves reading
-        it; ``first_turn`` is the first model turn's message of a run created running."""
+        """Execute a run (queued, created running as ``started``, or resumed after ``resume``)
+        in a task owned by the runtime."""
         existing = self._executors.get(run.id)
         if self._closing or (existing is not None and not existing.parked):
             return
@@ -219,8 +217,7 @@ class Runtime:
             max_queued_messages=self.max_queued_messages,
             on_usage=self.tokens.add,
             writer=self.writer,
-            next_seq=next_seq,
-            first_turn=first_turn,
+            started=started,
         )
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
         self._run_tasks[run.id] = self._spawn(self._drive(executor), f"run-{run.id}")

@@ -41,7 +41,7 @@ from ..agent import Agent
 from ..errors import LimitExceeded, RunNotActive
 from ..events import Done, Event, Interrupt, RunError, Status, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, Usage
-from ..store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, Store, TurnOutcome, args_digest
+from ..store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, StartedRun, Store, TurnOutcome, args_digest
 from ..tools import Tool, ToolContext
 from ._cancel import CancelMode, as_cancel_mode
 from ._config import RunConfig
@@ -76,8 +76,7 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         max_queued_messages: int = 100,
         on_usage: Callable[[Usage], None] | None = None,
         writer: GroupCommit | None = None,
-        next_seq: int | None = None,
-        first_turn: MessageRecord | None = None,
+        started: StartedRun | None = None,
     ) -> None:
         self.store = store
         #: The server's four-eyes policy: which parked calls need an approver other than the requester.
@@ -103,8 +102,9 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         #: with the turn's ``status`` event; None once that turn has begun (and in a resumed or
         #: taken-over segment). Given when the run was created running
         #: (``Store.create_started_run``): then the start is written already.
-        self._started_turn: MessageRecord | None = first_turn
-        self._start_written = first_turn is not None
+        self._started_turn: MessageRecord | None = started.first_turn if started is not None else None
+        #: The run as created running, if it was (its start is written already).
+        self._created = started
         #: A model turn a cancel stopped, to be stored with the run's end.
         self._cancelled_turn: TurnOutcome | None = None
         #: The last model turn when it answered without calls, to be stored with the run's end
@@ -123,7 +123,8 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         self.usage = Usage(int((run.usage or {}).get("input_tokens", 0)), int((run.usage or {}).get("output_tokens", 0)))
         self._on_usage = on_usage
         self._writer = writer
-        self._next_seq = next_seq
+        #: The seq of the run's next event, when known without reading it (a run just created).
+        self._next_seq = started.events[-1].seq + 1 if started is not None else None
         #: Clear while a cancel request signalled here is being written by the runtime.
         self._cancel_durable = asyncio.Event()
         self._cancel_record: RunRecord | None = None
@@ -251,7 +252,9 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
             if current.status == "cancelling":
                 self.request_cancel(as_cancel_mode(current.cancel_mode))
             return await self._loop(await self._apply_review(self.resume))
-        if self._start_written:  # created running, with its first status and turn's message
+        if self._created is not None:  # created running, with its first status and turn's message
+            if self._created.input.parent_id is None:  # a new conversation: its input is the whole path
+                return await self._loop(self.history_policy.apply(to_chat_messages([self._created.input])))
             return await self._loop(await self.history_at(self.run.input_message_id))
         # The run starts, says it is calling the model and stores the (empty, partial) answer of
         # its first turn in one transaction: two commits less before the first token. (No
