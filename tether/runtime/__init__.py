@@ -23,7 +23,7 @@ from ..agent import Agent
 from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
 from ..models import Usage
-from ..store import AuditEntry, CancelRequest, InterruptRecord, RunRecord, RunStatus, StartedRun, Store, args_digest
+from ..store import AuditEntry, CancelRequest, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
 from ._cancel import as_cancel_mode, cancelled_event
 from ._config import RunConfig
@@ -199,7 +199,7 @@ class Runtime:
         *,
         resume: InterruptRecord | None = None,
         takeover: bool = False,
-        started: StartedRun | None = None,
+        started: CreatedRun | None = None,
     ) -> None:
         """Execute a run (queued, created running as ``started``, or resumed after ``resume``)
         in a task owned by the runtime."""

@@ -41,7 +41,7 @@ from ..agent import Agent
 from ..errors import LimitExceeded, RunNotActive
 from ..events import Done, Event, Interrupt, RunError, Status, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, Usage
-from ..store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, StartedRun, Store, TurnOutcome, args_digest
+from ..store import AuditEntry, CancelRequest, CreatedRun, InterruptRecord, MessageRecord, RunRecord, Store, TurnOutcome, args_digest
 from ..tools import Tool, ToolContext
 from ._cancel import CancelMode, as_cancel_mode
 from ._config import RunConfig
@@ -76,7 +76,7 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         max_queued_messages: int = 100,
         on_usage: Callable[[Usage], None] | None = None,
         writer: GroupCommit | None = None,
-        started: StartedRun | None = None,
+        started: CreatedRun | None = None,
     ) -> None:
         self.store = store
         #: The server's four-eyes policy: which parked calls need an approver other than the requester.

@@ -41,7 +41,7 @@ from ._records import (
     args_digest,
     run_record,
 )
-from ._runs import StartedRun
+from ._runs import CreatedRun
 from ._store import Store
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
     "AuditEntry",
     "TurnOutcome",
     "CancelRequest",
-    "StartedRun",
+    "CreatedRun",
     "Principal",
     "KeyRecord",
     "ROLES",

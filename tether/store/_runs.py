@@ -40,20 +40,22 @@ from ._records import (
 from ._tables import Hot, audit, runs
 from ._tree import append_message, splits_a_tool_turn
 
-__all__ = ["RunStore", "StartedRun"]
+__all__ = ["RunStore", "CreatedRun"]
 
 #: Statuses a cancel request moves to ``cancelling`` (a second request finds it there already).
 _CANCELLABLE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_HUMAN)
 
 
 @dataclass(frozen=True, slots=True)
-class StartedRun:
-    """A run as :meth:`RunStore.create_started_run` created it."""
+class CreatedRun:
+    """A run as the store created it: ``queued`` (:meth:`RunStore.create_run`) or already
+    ``running`` (:meth:`RunStore.create_started_run`)."""
 
     run: RunRecord
     #: The run's input: a new user message, or the existing one whose answer it regenerates.
     input: MessageRecord
-    #: What the transaction wrote to the log: ``run_started`` (seq 1), then the first ``status``.
+    #: What the transaction wrote to the log: ``run_started`` (seq 1), then, for a run created
+    #: running, the first ``status``.
     events: list[StoredEvent]
     #: The first model turn's empty, ``partial`` assistant message (None for a queued run).
     first_turn: MessageRecord | None
@@ -100,7 +102,7 @@ class RunStore(EventStore):
         config: dict[str, Any],
         owner: str | None = None,
         requested_by: str | None = None,
-    ) -> StartedRun:
+    ) -> CreatedRun:
         """Create a run already ``running`` for this process to execute at once: as
         :meth:`create_run`, and in the same transaction what :meth:`mark_running` would write
         when its executor starts (its first ``status`` event, ``stage: "model"``, and its first
@@ -122,7 +124,7 @@ class RunStore(EventStore):
         requested_by: str | None,
         *,
         start: bool,
-    ) -> StartedRun:
+    ) -> CreatedRun:
         """The transaction of :meth:`create_run` (``start=False``: ``first_turn`` is None) and of
         :meth:`create_started_run`."""
         now = utcnow()
@@ -194,7 +196,7 @@ class RunStore(EventStore):
         else:
             await conn.execute(Hot.set_active_leaf, {"of_thread": thread_id, "leaf_id": message.id, "now": now})
         await self._write_events(conn, run_id, written)
-        return StartedRun(run, message, written, first_turn)
+        return CreatedRun(run, message, written, first_turn)
 
     # -- reading ---------------------------------------------------------------------------
 
