@@ -321,7 +321,7 @@ async def test_a_correction_sent_as_soon_as_the_start_returns_is_taken_and_answe
     """A started run is ``running`` from its first commit: a correction sent the moment the 202
     arrives (before the run has streamed anything) is accepted, not refused as not running."""
     thread_id = await new_thread(client)
-    content = script({"tokens": 5, "delay_ms": 10}, {"echo": True})
+    content = script({"tokens": 20, "delay_ms": 25}, {"echo": True})  # half a second: the correction comes well within it
     run = await client.start_run(thread_id, content)
     assert run["status"] == "running"
     steered = await client.steer(run["id"], "in French please")
