@@ -43,7 +43,7 @@ async def two_processes(pg_db_url: str) -> AsyncIterator[tuple[Store, Store]]:
 async def test_followers_on_another_process_share_one_read_per_notification(two_processes: tuple[Store, Store]) -> None:
     a, b = two_processes
     thread = await a.create_thread(owner="alice")
-    run, _, _ = await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})
+    run = (await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})).run
     reads = 0
 
     async def counted_read(run_id: str, after_seq: int, limit: int) -> list[StoredEvent]:
@@ -107,7 +107,7 @@ async def test_a_group_commit_of_hundreds_of_runs_reaches_every_follower_on_anot
     runs = []
     for _ in range(300):
         thread = await a.create_thread(owner="alice")
-        run, _, _ = await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})
+        run = (await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})).run
         runs.append(run.id)
     dsn = b.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     bus = PostgresBus(dsn, b.instance_id, read_events=lambda run_id, after, limit: b.read_events(run_id, after_seq=after, limit=limit))

@@ -38,7 +38,7 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 async def _run(store: Store) -> str:
     thread = await store.create_thread(owner="local", metadata={})
-    run, _message, _started = await store.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})
+    run = (await store.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})).run
     return run.id
 
 

@@ -88,7 +88,8 @@ def stored(run_id: str, seq: int, event: Event) -> StoredEvent:
 async def start_run(store: Store, thread: ThreadRecord, content: str | None = "hello", **options: Any) -> tuple[RunRecord, MessageRecord, StoredEvent]:
     kwargs: dict[str, Any] = {"parent_id": None, "use_active_leaf": True, "config": {}}
     kwargs.update(options)
-    return await store.create_run(thread_id=thread.id, content=content, **kwargs)
+    created = await store.create_run(thread_id=thread.id, content=content, **kwargs)
+    return created.run, created.input, created.events[0]
 
 
 async def finish(store: Store, run_id: str, *, status: str = "completed", from_statuses: tuple[str, ...] = ("queued", "running")) -> bool:
@@ -284,11 +285,11 @@ async def test_create_run_writes_the_run_its_user_message_and_run_started_atomic
 
 
 async def test_a_run_created_running_is_one_transaction_with_its_first_status_and_answer_or_nothing(store: Store) -> None:
-    """``create_started_run``: what ``create_run`` and then ``mark_running`` write, in one
+    """``create_run(running=True)``: what ``create_run`` and then ``mark_running`` write, in one
     commit (the server starts every run this way); refused, it writes nothing."""
     thread = await store.create_thread(owner="alice")
-    created = await store.create_started_run(
-        thread_id=thread.id, content="refund order 42", parent_id=None, use_active_leaf=True, config={}, requested_by="alice"
+    created = await store.create_run(
+        thread_id=thread.id, content="refund order 42", parent_id=None, use_active_leaf=True, config={}, requested_by="alice", running=True
     )
     run, user, answer = created.run, created.input, created.first_turn
     assert answer is not None
@@ -309,7 +310,7 @@ async def test_a_run_created_running_is_one_transaction_with_its_first_status_an
         if refusal is InvalidRequest:
             await finish(store, run.id, from_statuses=("running",))
         with pytest.raises(refusal):
-            await store.create_started_run(thread_id=thread.id, content="and another", parent_id=parent_id, use_active_leaf=use_active_leaf, config={})
+            await store.create_run(thread_id=thread.id, content="and another", parent_id=parent_id, use_active_leaf=use_active_leaf, config={}, running=True)
         assert len(await store.list_runs(thread.id)) == 1
         assert await store.thread_messages(thread.id) == [user, answer]
         assert (await store.get_thread(thread.id)).active_leaf_id == answer.id

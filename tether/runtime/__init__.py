@@ -180,7 +180,7 @@ class Runtime:
         run's interrupts (unless four-eyes applies), and the server caps the runs of one
         requester that are active at once (:meth:`~tether.store.Store.count_active_runs`).
         """
-        created = await self.store.create_started_run(
+        created = await self.store.create_run(
             thread_id=thread_id,
             content=content,
             parent_id=parent_id,
@@ -188,6 +188,7 @@ class Runtime:
             config=(config or RunConfig()).model_dump(),
             owner=owner,
             requested_by=requester,
+            running=True,
         )
         self.bus.publish(created.run.id, created.events)
         self.launch(created.run, started=created)

@@ -101,7 +101,7 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         #: The first model turn's assistant message, committed with the run's start together
         #: with the turn's ``status`` event; None once that turn has begun (and in a resumed or
         #: taken-over segment). Given when the run was created running
-        #: (``Store.create_started_run``): then the start is written already.
+        #: (``Store.create_run(running=True)``): then the start is written already.
         self._started_turn: MessageRecord | None = started.first_turn if started is not None else None
         #: The run as created running, if it was (its start is written already).
         self._created = started
@@ -123,8 +123,6 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         self.usage = Usage(int((run.usage or {}).get("input_tokens", 0)), int((run.usage or {}).get("output_tokens", 0)))
         self._on_usage = on_usage
         self._writer = writer
-        #: The seq of the run's next event, when known without reading it (a run just created).
-        self._next_seq = started.events[-1].seq + 1 if started is not None else None
         #: Clear while a cancel request signalled here is being written by the runtime.
         self._cancel_durable = asyncio.Event()
         self._cancel_record: RunRecord | None = None
@@ -217,7 +215,8 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
 
     async def execute(self) -> None:
         """Run to a terminal state or a pause. Outside cancellation propagates, leaving the run as is."""
-        next_seq = self._next_seq if self._next_seq is not None else await self.store.last_seq(self.run.id) + 1
+        # A run just created knows what it wrote; any other reads where its log stands.
+        next_seq = self._created.events[-1].seq + 1 if self._created is not None else await self.store.last_seq(self.run.id) + 1
         events = EventLog(self.store, self._bus, self.run.id, next_seq=next_seq, writer=self._writer)
         events.start()
         for message_id, content in self._steering:  # steering messages that came before the log

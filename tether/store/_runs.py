@@ -48,8 +48,7 @@ _CANCELLABLE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_HUMAN)
 
 @dataclass(frozen=True, slots=True)
 class CreatedRun:
-    """A run as the store created it: ``queued`` (:meth:`RunStore.create_run`) or already
-    ``running`` (:meth:`RunStore.create_started_run`)."""
+    """A run as :meth:`RunStore.create_run` created it: ``queued``, or already ``running``."""
 
     run: RunRecord
     #: The run's input: a new user message, or the existing one whose answer it regenerates.
@@ -74,8 +73,9 @@ class RunStore(EventStore):
         config: dict[str, Any],
         owner: str | None = None,
         requested_by: str | None = None,
-    ) -> tuple[RunRecord, MessageRecord, StoredEvent]:
-        """Create a queued run, its input and its ``run_started`` event, atomically.
+        running: bool = False,
+    ) -> CreatedRun:
+        """Create a run (``queued``), its input and its ``run_started`` event, atomically.
 
         With ``content``: a new user message, child of the active leaf (``use_active_leaf``) or
         of ``parent_id`` (``None`` = a new root: editing the first message). A parent other than
@@ -83,120 +83,88 @@ class RunStore(EventStore):
         is the existing user message ``parent_id`` and its answer becomes a sibling of the
         earlier answers. The active leaf moves to the run's input either way.
 
+        With ``running`` (a process that executes the run at once: the server) the run is
+        created already ``running``, and the same transaction writes what :meth:`mark_running`
+        would when its executor starts: its first ``status`` event (``stage: "model"``) and its
+        first model turn's empty, ``partial`` assistant message, which becomes the active leaf.
+        One commit instead of two before the first token; the run never shows ``queued``.
+
         ``requested_by`` is the principal starting the run (who may decide its interrupts).
         Raises :class:`NotFound` if the thread is missing or (given ``owner``) someone else's, and
         :class:`ThreadBusy` if it already has a non-terminal run (the partial unique index
         decides, so this holds across processes).
         """
         async with self._writing() as conn:
-            created = await self._insert_run(conn, thread_id, content, parent_id, use_active_leaf, config, owner, requested_by, start=False)
-        return created.run, created.input, created.events[0]
-
-    async def create_started_run(
-        self,
-        *,
-        thread_id: str,
-        content: str | None,
-        parent_id: str | None,
-        use_active_leaf: bool,
-        config: dict[str, Any],
-        owner: str | None = None,
-        requested_by: str | None = None,
-    ) -> CreatedRun:
-        """Create a run already ``running`` for this process to execute at once: as
-        :meth:`create_run`, and in the same transaction what :meth:`mark_running` would write
-        when its executor starts (its first ``status`` event, ``stage: "model"``, and its first
-        model turn's empty, ``partial`` assistant message, which becomes the active leaf). One
-        commit instead of two before the first token; the run never shows ``queued``.
-        """
-        async with self._writing() as conn:
-            return await self._insert_run(conn, thread_id, content, parent_id, use_active_leaf, config, owner, requested_by, start=True)
-
-    async def _insert_run(
-        self,
-        conn: Writing,
-        thread_id: str,
-        content: str | None,
-        parent_id: str | None,
-        use_active_leaf: bool,
-        config: dict[str, Any],
-        owner: str | None,
-        requested_by: str | None,
-        *,
-        start: bool,
-    ) -> CreatedRun:
-        """The transaction of :meth:`create_run` (``start=False``: ``first_turn`` is None) and of
-        :meth:`create_started_run`."""
-        now = utcnow()
-        run_id = new_id("run")
-        thread_row = (await conn.execute(Hot.thread_by_id, {"thread_id": thread_id})).first()
-        if thread_row is None or (owner is not None and thread_row.owner != owner):
-            raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
-        if use_active_leaf:
-            parent_id = thread_row.active_leaf_id
-        parent = None
-        if parent_id is not None:
-            row = (await conn.execute(Hot.message_by_id, {"message_id": parent_id})).first()
-            if row is None or row.thread_id != thread_id:
+            now = utcnow()
+            run_id = new_id("run")
+            thread_row = (await conn.execute(Hot.thread_by_id, {"thread_id": thread_id})).first()
+            if thread_row is None or (owner is not None and thread_row.owner != owner):
+                raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
+            if use_active_leaf:
+                parent_id = thread_row.active_leaf_id
+            parent = None
+            if parent_id is not None:
+                row = (await conn.execute(Hot.message_by_id, {"message_id": parent_id})).first()
+                if row is None or row.thread_id != thread_id:
+                    raise InvalidRequest(
+                        f"parent_id {parent_id!r} is not a message of thread {thread_id!r}",
+                        code="invalid_parent",
+                        fields=[FieldError(("parent_id",), "not a message of this thread", "invalid_parent")],
+                    )
+                parent = message_record(row)
+                if content is not None and not use_active_leaf and await splits_a_tool_turn(conn, parent):
+                    raise InvalidRequest(
+                        f"parent_id {parent_id!r} is inside a tool turn: a message there would leave a tool call without its result",
+                        code="invalid_parent",
+                        fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
+                    )
+            if content is not None:
+                message = MessageRecord(new_id("msg"), thread_id, parent_id, run_id, "user", content, created_at=now)
+            elif parent is not None and parent.role == "user":
+                message = parent  # regenerate: the input is the existing user message
+            else:
                 raise InvalidRequest(
-                    f"parent_id {parent_id!r} is not a message of thread {thread_id!r}",
-                    code="invalid_parent",
-                    fields=[FieldError(("parent_id",), "not a message of this thread", "invalid_parent")],
+                    "a run without input regenerates an answer: parent_id must be a user message of this thread",
+                    code="input_required",
+                    fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
                 )
-            parent = message_record(row)
-            if content is not None and not use_active_leaf and await splits_a_tool_turn(conn, parent):
-                raise InvalidRequest(
-                    f"parent_id {parent_id!r} is inside a tool turn: a message there would leave a tool call without its result",
-                    code="invalid_parent",
-                    fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
+            lease = self._lease_values()
+            status = RunStatus.RUNNING if running else RunStatus.QUEUED
+            started_at = now if running else None
+            run = RunRecord(run_id, thread_id, status, config, message.id, now, started_at, None, None, None, None, None, **lease, requested_by=requested_by)
+            try:
+                # The first write of the transaction: if the partial unique index refuses it,
+                # nothing else has been written and the whole transaction rolls back.
+                await conn.execute(
+                    Hot.insert_run,
+                    {
+                        "id": run_id,
+                        "thread_id": thread_id,
+                        "status": status.value,
+                        "config": config,
+                        "input_message_id": message.id,
+                        "created_at": now,
+                        "started_at": started_at,
+                        "requested_by": requested_by,
+                        **lease,
+                    },
                 )
-        if content is not None:
-            message = MessageRecord(new_id("msg"), thread_id, parent_id, run_id, "user", content, created_at=now)
-        elif parent is not None and parent.role == "user":
-            message = parent  # regenerate: the input is the existing user message
-        else:
-            raise InvalidRequest(
-                "a run without input regenerates an answer: parent_id must be a user message of this thread",
-                code="input_required",
-                fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
-            )
-        lease = self._lease_values()
-        status = RunStatus.RUNNING if start else RunStatus.QUEUED
-        started_at = now if start else None
-        run = RunRecord(run_id, thread_id, status, config, message.id, now, started_at, None, None, None, None, None, **lease, requested_by=requested_by)
-        try:
-            # The first write of the transaction: if the partial unique index refuses it,
-            # nothing else has been written and the whole transaction rolls back.
-            await conn.execute(
-                Hot.insert_run,
-                {
-                    "id": run_id,
-                    "thread_id": thread_id,
-                    "status": status.value,
-                    "config": config,
-                    "input_message_id": message.id,
-                    "created_at": now,
-                    "started_at": started_at,
-                    "requested_by": requested_by,
-                    **lease,
-                },
-            )
-        except IntegrityError:
-            raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
-        if content is not None:
-            await conn.execute(Hot.insert_message, message_values(message))
-        started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message.id), now)
-        written = [StoredEvent(1, started.type, started.to_json())]
-        first_turn = None
-        if start:
-            announce = Envelope.wrap(run_id, 2, Status(stage="model", detail=None), now)
-            written.append(StoredEvent(2, announce.type, announce.to_json()))
-            first_turn = MessageRecord(new_id("msg"), thread_id, message.id, run_id, "assistant", "", status="partial", created_at=now)
-            await append_message(conn, first_turn)  # the active leaf moves past the input to it
-        else:
-            await conn.execute(Hot.set_active_leaf, {"of_thread": thread_id, "leaf_id": message.id, "now": now})
-        await self._write_events(conn, run_id, written)
-        return CreatedRun(run, message, written, first_turn)
+            except IntegrityError:
+                raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
+            if content is not None:
+                await conn.execute(Hot.insert_message, message_values(message))
+            started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message.id), now)
+            written = [StoredEvent(1, started.type, started.to_json())]
+            first_turn = None
+            if running:
+                announce = Envelope.wrap(run_id, 2, Status(stage="model", detail=None), now)
+                written.append(StoredEvent(2, announce.type, announce.to_json()))
+                first_turn = MessageRecord(new_id("msg"), thread_id, message.id, run_id, "assistant", "", status="partial", created_at=now)
+                await append_message(conn, first_turn)  # the active leaf moves past the input to it
+            else:
+                await conn.execute(Hot.set_active_leaf, {"of_thread": thread_id, "leaf_id": message.id, "now": now})
+            await self._write_events(conn, run_id, written)
+            return CreatedRun(run, message, written, first_turn)
 
     # -- reading ---------------------------------------------------------------------------
 
