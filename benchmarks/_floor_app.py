@@ -12,7 +12,9 @@ starts, so what is left is the cost of Starlette + uvicorn moving the bytes. Que
   zero-delay stream every event is ready at once, so the batched floor sends
   ``retry:`` and then sends of ≥ 64 KiB; with a delay each token is ready alone and both modes
   write one send per token.
-- ``delay_ms=D`` pauses D ms before each token, as the scripted model's ``delay_ms`` does.
+- ``delay_ms=D`` paces the tokens D ms apart as the scripted model's ``delay_ms`` does: on the
+  stream's own clock (token n due n × D ms after the first token's wait began; one already due
+  goes at once), or with ``pace=gap`` D ms after each token was sent.
 - ``id=X`` names the stream, so that ``POST /v1/signal?id=X&kind=cancel`` can end it: the
   stream stops before its next token and sends a ``cancelled`` event (the shape of Tether's),
   and ``kind=resume`` wakes a parked stream. That request's round trip to the terminal
@@ -158,6 +160,7 @@ async def stream(request: Request) -> StreamingResponse:
     delay = float(q.get("delay_ms", "0")) / 1000
     batch = q.get("batch", "0") == "1"
     park = q.get("park", "0") == "1"
+    gap = q.get("pace", "clock") == "gap"
     name = q.get("id") or _id("floor")
     events = _events(tokens, park)
     signals = STREAMS[name] = _Signals()
@@ -184,9 +187,11 @@ async def stream(request: Request) -> StreamingResponse:
                     return
                 for chunk in sends(events.resumed):
                     yield chunk
+            loop = asyncio.get_running_loop()
+            start = loop.time()
             for n, token in enumerate(events.tokens):
                 if delay:
-                    await signals.wait(delay)
+                    await signals.wait(delay if gap else max(0.0, start + (n + 1) * delay - loop.time()))
                 if signals.cancelled:
                     yield events.cancelled(events.next_seq - tokens + n)
                     return

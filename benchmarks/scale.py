@@ -16,7 +16,9 @@ Three kinds of server, each a subprocess on a free localhost port with the uvico
   (durability on: every event is committed before it is sent), with the per-caller limits
   lifted (every request comes from the one caller ``local``; the limits are not what is
   measured). The work is the scripted model's: ``{"script": [{"tokens": N, "delay_ms": D}]}``
-  streams N token deltas, pausing D ms before each.
+  streams N token deltas D ms apart on the model's own clock (token n due n × D ms after the
+  call starts, as a provider streams whoever reads it; ``--pace gap`` instead waits D ms after
+  each token was taken, so that a busy server also slows the model down).
 - **The floor** (``benchmarks/_floor_app.py``): a bare Starlette endpoint with no model and no
   store that sends the same events (same count, same envelope shapes and sizes), paced the same
   way. It writes in two ways: *one send per event*, and *batched like Tether* (the events that
@@ -36,7 +38,8 @@ Scenarios (``--only``, comma-separated; the default is all but ``scaleout``):
   token p50/p99 (request sent → first token), p99 of the gaps between the reads that brought
   tokens (all streams pooled), errors (a refused request, a stream cut off or ending otherwise
   than ``done``, a seq gap, a token missing; streams still open 5 × the ideal + 60 s after the
-  first start are cut off, and their runs cancelled).
+  first start are cut off, and their runs cancelled), and the p50 of a stream's first → last
+  token (ideal 199 × 20 ms: with ``--pace gap`` a busy server stretches it).
 - ``first-token``: 50 runs one after the other: request sent → first token, p50 and p99.
 - ``approve``: a run that asks for the demo's ``refund`` (always gated) and parks; once its
   ``interrupt`` event arrived, ``POST …/resume`` approves it: request sent → the next event on
@@ -131,6 +134,9 @@ class Sizes:
     paced_tokens: int = 200
     paced_interval_ms: float = 0.0
     paced_delay_ms: float = 20.0
+    #: How the model paces its tokens: ``clock`` (token n due n × the delay after the call
+    #: starts, as a provider streams) or ``gap`` (the delay after each token was taken).
+    pace: str = "clock"
     #: How long the paced workload may take before the streams still open are cut (0: 5 × the ideal + 60 s).
     paced_timeout_s: float = 0.0
     first_token_runs: int = 50
@@ -178,7 +184,8 @@ SIZE_HELP = {
     "paced_runs": "paced: runs",
     "paced_tokens": "paced: tokens per run",
     "paced_interval_ms": "paced: ms between the starts of two runs",
-    "paced_delay_ms": "paced: ms the model waits before each token",
+    "paced_delay_ms": "paced: ms between a run's tokens",
+    "pace": "how the model (and the floor) pace tokens: clock (token n due n x the delay after the start, as a provider streams) or gap (the delay after each token was taken: a busy server slows the model)",
     "paced_timeout_s": "paced: seconds after the first start when streams still open are cut off (0: 5 × the ideal + 60)",
     "first_token_runs": "first-token: runs, one after the other",
     "approve_runs": "approve: runs",
@@ -222,14 +229,17 @@ class Endpoint:
 
         return list(await asyncio.gather(*(one() for _ in range(n))))
 
-    def stream_request(self, thread_id: str, tokens: int, delay_ms: float = 0.0, *, park: bool = False, name: str = "") -> bytes:
-        """The request that starts one streamed run of ``tokens`` tokens (after a gated call with ``park``)."""
+    def stream_request(self, thread_id: str, tokens: int, delay_ms: float = 0.0, *, pace: str = "clock", park: bool = False, name: str = "") -> bytes:
+        """The request that starts one streamed run of ``tokens`` tokens ``delay_ms`` apart,
+        paced by ``pace`` (after a gated call with ``park``)."""
         if self.floor:
-            query = f"tokens={tokens}&delay_ms={delay_ms:g}&batch={int(self.batch)}&park={int(park)}&id={name}"
+            query = f"tokens={tokens}&delay_ms={delay_ms:g}&pace={pace}&batch={int(self.batch)}&park={int(park)}&id={name}"
             return request_bytes("POST", f"/v1/stream?{query}", self.port, {}, sse=True)
         step: dict[str, Any] = {"tokens": tokens}
         if delay_ms:
             step["delay_ms"] = delay_ms
+            if pace != "clock":
+                step["pace"] = pace
         script = [{"tool_calls": [{"name": "refund", "args": {"order_id": "A1", "amount": 1}}]}, step] if park else [step]
         return request_bytes("POST", f"/v1/threads/{thread_id}/runs", self.port, {"input": {"content": json.dumps({"script": script})}}, sse=True)
 
@@ -379,7 +389,7 @@ async def paced_workload(eps: Sequence[Endpoint], sz: Sizes, prefix: str) -> dic
     n = sz.paced_runs
     targets = [eps[i % len(eps)] for i in range(n)]
     threads: dict[str, list[str]] = {ep.key: await ep.new_threads(targets.count(ep)) for ep in eps}
-    requests = [ep.stream_request(threads[ep.key].pop(), sz.paced_tokens, sz.paced_delay_ms) for ep in targets]
+    requests = [ep.stream_request(threads[ep.key].pop(), sz.paced_tokens, sz.paced_delay_ms, pace=sz.pace) for ep in targets]
     interval = sz.paced_interval_ms / 1000
     streams: list[StreamClient | None] = [None] * n
     lags: list[float] = []
@@ -417,6 +427,7 @@ async def paced_workload(eps: Sequence[Endpoint], sz: Sizes, prefix: str) -> dic
     tokens = sum(s.tokens for s in started)
     first = [_ms(s.first_token_at - s.sent_at) for s in ok]
     gaps = [_ms(g) for s in ok for g in s.token_gaps()]
+    spans = [sum(s.token_gaps()) for s in ok]
     return {
         f"{prefix}.wall_s": wall,
         f"{prefix}.errors": n - len(ok),
@@ -424,6 +435,7 @@ async def paced_workload(eps: Sequence[Endpoint], sz: Sizes, prefix: str) -> dic
         f"{prefix}.first_token_p50_ms": median(first),
         f"{prefix}.first_token_p99_ms": percentile(first, 99),
         f"{prefix}.gap_p99_ms": percentile(gaps, 99),
+        f"{prefix}.span_p50_s": median(spans),
         f"{prefix}.cpu_us_per_token": cpu / tokens * 1e6 if tokens else float("nan"),
         f"{prefix}.client_cpu_pct": client_cpu / wall * 100,
         f"{prefix}.start_lag_p99_ms": _ms(percentile(lags, 99)),
@@ -686,7 +698,7 @@ class Figure:
 
 
 def figures(sz: Sizes) -> list[Figure]:
-    paced = f"{sz.paced_runs} × {sz.paced_tokens} tokens, {sz.paced_delay_ms:g} ms apart, runs started {sz.paced_interval_ms:g} ms apart"
+    paced = f"{sz.paced_runs} × {sz.paced_tokens} tokens, {sz.paced_delay_ms:g} ms apart ({sz.pace}), runs started {sz.paced_interval_ms:g} ms apart"
     return [
         Figure("stream.events_per_s", f"one stream of {sz.stream_tokens:,} tokens: **events/s**", 0, at_least_floor(0.9), "higher"),
         Figure("stream.first_token_ms", "one stream: first token (ms)", 2),
@@ -703,6 +715,7 @@ def figures(sz: Sizes) -> list[Figure]:
         Figure("paced.first_token_p50_ms", "paced: **first token p50** (ms)", 1, at_most_floor(3)),
         Figure("paced.first_token_p99_ms", "paced: first token p99 (ms)", 1),
         Figure("paced.gap_p99_ms", f"paced: **p99 gap between deliveries** (ms; ideal {sz.paced_delay_ms:g})", 1, at_most_floor(4)),
+        Figure("paced.span_p50_s", f"paced: a stream's first → last token, p50 (s; ideal {(sz.paced_tokens - 1) * sz.paced_delay_ms / 1000:.2f})", 2),
         Figure("paced.errors", "paced: **errors**", 0, at_most(0)),
         Figure("paced.cpu_us_per_token", "paced: server CPU per token (µs)", 0),
         Figure("paced.client_cpu_pct", "paced: client CPU (% of wall)", 0),
@@ -922,6 +935,8 @@ def parse_args() -> tuple[argparse.Namespace, Sizes, list[str]]:
         what = SIZE_HELP.get(name, "")
         if isinstance(value, list):
             parser.add_argument(flag, type=int, nargs="+", default=None, help=f"{what} (default {' '.join(map(str, value))})")
+        elif isinstance(value, str):
+            parser.add_argument(flag, choices=("clock", "gap"), default=None, help=f"{what} (default {value})")
         else:
             parser.add_argument(flag, type=type(value), default=None, help=f"{what} (default {value:g}; --quick {getattr(QUICK, name):g})")
     args = parser.parse_args()

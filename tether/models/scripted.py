@@ -10,7 +10,11 @@ that message) plays ``script[k]``. Each element is an object with any of:
 - ``"text": str`` — streamed word by word (each word with its trailing space);
 - ``"tokens": N`` — streams the deltas ``"t1 "``, ``"t2 "``, …, ``"tN "``;
 - ``"thinking": str`` — streamed word by word as reasoning, before the text;
-- ``"delay_ms": number`` — pause before each delta (default 0);
+- ``"delay_ms": number`` — the deltas come this far apart (default 0), on the model's own
+  clock: delta *n* is due *n* × ``delay_ms`` after the call starts, as a provider streams at its
+  own pace whoever reads it; a delta already due (a busy event loop) follows at once;
+- ``"pace": "gap"`` — instead, wait ``delay_ms`` after each delta is taken before the next one
+  (the model slows down with a busy server: how earlier benchmarks paced it);
 - ``"tool_calls": [{"name": …, "args": {…}}, …]`` — asked for after the text of that turn;
 - ``"echo": true`` — answers with the JSON list ``[{"role": …, "content": …}, …]`` of exactly
   the messages it was given (system prompt excluded): how tests see the history the model got;
@@ -73,6 +77,27 @@ def parse_script(content: str) -> list[dict[str, Any]] | None:
 
 def _words(text: str) -> list[str]:
     return re.findall(r"\S+\s*|\s+", text)
+
+
+class Pace:
+    """When a model call's next delta is due: ``delay_s`` apart on the model's own clock (delta
+    *n* is due *n* × ``delay_s`` after the first :meth:`wait_s`), or with ``clock=False``
+    ``delay_s`` after the previous delta was taken, however late that was."""
+
+    def __init__(self, delay_s: float, *, clock: bool = True) -> None:
+        self.delay_s = delay_s
+        self.clock = clock
+        self._start: float | None = None
+        self._count = 0
+
+    def wait_s(self, now: float) -> float:
+        """Seconds from ``now`` until the next delta is due (0 when it is due already)."""
+        if not self.clock:
+            return self.delay_s
+        if self._start is None:
+            self._start = now
+        self._count += 1
+        return max(0.0, self._start + self._count * self.delay_s - now)
 
 
 def _new_call_id() -> str:
@@ -163,28 +188,31 @@ class ScriptedModel:
     # -- playing a step ----------------------------------------------------------------
 
     async def _play(self, step: dict[str, Any], request: ModelRequest) -> AsyncIterator[ModelDelta]:
-        # Before each delta it always yields to the loop (``sleep``), so a zero-delay script can
-        # still be cancelled mid-stream.
-        delay = float(step.get("delay_ms", 0) or 0) / 1000
-        sleep = asyncio.sleep
+        # Before each delta it always yields to the loop (``sleep``, of zero seconds when the
+        # delta is already due), so a zero-delay script can still be cancelled mid-stream.
+        pace = Pace(float(step.get("delay_ms", 0) or 0) / 1000, clock=step.get("pace") != "gap")
+        loop = asyncio.get_running_loop()
+
+        async def due() -> None:
+            await asyncio.sleep(pace.wait_s(loop.time()))
 
         if "fail" in step:
             raise ModelError(str(step["fail"]), retryable=False)
         if step.get("thinking"):
             for word in _words(str(step["thinking"])):
-                await sleep(delay)
+                await due()
                 yield ThinkingDelta(word)
         if step.get("echo"):
             history = [{"role": m.role, "content": m.content} for m in request.messages if m.role != "system"]
-            await sleep(delay)
+            await due()
             yield TextDelta(json.dumps(history, ensure_ascii=False))
         if "tokens" in step:
             for n in range(1, int(step["tokens"]) + 1):
-                await sleep(delay)
+                await due()
                 yield TextDelta(f"t{n} ")
         if step.get("text"):
             for word in _words(str(step["text"])):
-                await sleep(delay)
+                await due()
                 yield TextDelta(word)
         for call in step.get("tool_calls") or []:
             args = call.get("args", {})
