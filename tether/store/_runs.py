@@ -103,7 +103,9 @@ class RunStore(EventStore):
             if use_active_leaf:
                 parent_id = thread_row.active_leaf_id
             parent = None
-            if parent_id is not None:
+            # A new message after the active leaf needs nothing of the leaf: the thread only
+            # ever points at its own messages. Any other parent is read and checked.
+            if parent_id is not None and not (use_active_leaf and content is not None):
                 row = (await conn.execute(Hot.message_by_id, {"message_id": parent_id})).first()
                 if row is None or row.thread_id != thread_id:
                     raise InvalidRequest(
