@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -352,6 +353,61 @@ async def test_a_cancel_of_a_streaming_run_is_written_with_the_run_s_end(http: h
     partial = (await path_messages(http, thread_id))[-1]
     assert (partial["id"], partial["status"]) == (seen[-1].data["partial_message_id"], "cancelled")
     assert partial["content"] == "".join(e["data"]["text"] for e in log if e["type"] == "token")
+
+
+async def test_a_hard_cancel_refused_because_a_soft_one_ended_the_run_leaves_no_trace_on_its_end(
+    server: LiveServer, http: httpx.AsyncClient, client: AsyncClient
+) -> None:
+    """A soft cancel ends a streaming run in one write; a hard request that reached the executor
+    before that write, but whose own record comes after it, is refused (409): the run's end then
+    says ``soft``, in its event, its record and its one audit entry. The order is forced with
+    latches inside the server (no timing): the executor, ending for the soft request, waits
+    until the hard request has signalled it; the hard request's record waits for the end."""
+    runtime, store = server.app.state.runtime, server.app.state.store
+    handed_over = threading.Event()  # set on the server's loop, awaited from the test's
+    hard_signalled = asyncio.Event()  # these two are used on the server's loop only
+    ended = asyncio.Event()
+
+    thread_id = await new_thread(http)
+    run = await start_run(http, thread_id, script({"tokens": 500, "delay_ms": 10}))
+    _, stream = await stream_until(client, run["id"], token_counter(2))
+    executor = runtime._executors[run["id"]]
+    wait_for_idle, finish_run, request_cancel = executor.events.wait_for_idle, store.finish_run, store.request_cancel
+
+    async def idle_after_the_hard_signal() -> None:
+        if executor._ending_cancel is not None and not handed_over.is_set():  # ending for the soft request
+            handed_over.set()
+            await hard_signalled.wait()
+        await wait_for_idle()
+
+    async def finish_run_then_say_so(run_id: str, **kwargs: Any) -> bool:
+        done = bool(await finish_run(run_id, **kwargs))
+        if kwargs.get("cancel") is not None:  # the soft request's one-write end
+            ended.set()
+        return done
+
+    async def record_hard_after_the_end(run_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("mode") == "hard":
+            hard_signalled.set()  # the runtime signals the executor before it records
+            await ended.wait()
+        return await request_cancel(run_id, **kwargs)
+
+    executor.events.wait_for_idle = idle_after_the_hard_signal
+    store.finish_run, store.request_cancel = finish_run_then_say_so, record_hard_after_the_end
+    try:
+        soft = asyncio.create_task(cancel(http, run["id"], "soft", "soft first"))
+        assert await asyncio.to_thread(handed_over.wait, 30), "the executor did not start ending for the soft request"
+        hard = await cancel(http, run["id"], "hard", "hard second")
+        assert (await soft).status_code == 202
+    finally:
+        store.finish_run, store.request_cancel = finish_run, request_cancel
+    assert_error(hard, 409, "run_not_active")
+    terminal = [event async for event in stream][-1]
+    assert (terminal.type, terminal.data["mode"], terminal.data["reason"]) == ("cancelled", "soft", "soft first")
+    final = (await http.get(f"/v1/runs/{run['id']}")).json()
+    assert (final["status"], final["cancel"]["mode"], final["cancel"]["reason"]) == ("cancelled", "soft", "soft first")
+    entries = await client.audit(run_id=run["id"])
+    assert [(e["details"]["mode"], e["reason"], e["outcome"]) for e in entries] == [("soft", "soft first", "cancelled")]
 
 
 async def test_many_cancels_of_one_run_at_once_each_get_an_answer_and_an_audit_entry(http: httpx.AsyncClient, client: AsyncClient) -> None:

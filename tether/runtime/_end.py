@@ -168,7 +168,11 @@ class RunEnd:
         request = self._ending_cancel[0]
         if self._answer_turn is not None:  # a finished answer the cancel overtook
             await self._flag_answer_cancelled(self._answer_turn.message_id)
-        mode = self.cancel_mode or as_cancel_mode(request.mode)  # a hard request meanwhile stays hard
+        # The end says what the request it records says. Another request signalled meanwhile
+        # (say a hard one) is not recorded yet: if this write applies, that one finds the run
+        # ended and is refused (409), so it must leave no trace here; if it was recorded first,
+        # this write does not apply and the run ends with the recorded mode below.
+        mode = as_cancel_mode(request.mode)
         self._cancel_durable.clear()  # should this write not apply, the caller's record comes first
         final = self.events.seal(Cancelled(mode=mode, reason=request.reason, actor=request.actor, partial_message_id=self._partial_message_id))
         entry = request.audit_entry(self.run.thread_id, self.run.id, outcome="cancelled")
@@ -182,7 +186,7 @@ class RunEnd:
                 audit_entries=[entry],
                 last_turn=self._cancelled_turn,
                 as_executor=True,
-                cancel=replace(request, mode=mode),
+                cancel=request,
             )
         finally:
             if ended:
