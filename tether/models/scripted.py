@@ -14,7 +14,7 @@ that message) plays ``script[k]``. Each element is an object with any of:
   clock: delta *n* is due *n* × ``delay_ms`` after the call starts, as a provider streams at its
   own pace whoever reads it; a delta already due (a busy event loop) follows at once;
 - ``"pace": "gap"`` — instead, wait ``delay_ms`` after each delta is taken before the next one
-  (the model slows down with a busy server: how earlier benchmarks paced it);
+  (a busy server then slows the model down too);
 - ``"tool_calls": [{"name": …, "args": {…}}, …]`` — asked for after the text of that turn;
 - ``"echo": true`` — answers with the JSON list ``[{"role": …, "content": …}, …]`` of exactly
   the messages it was given (system prompt excluded): how tests see the history the model got;
