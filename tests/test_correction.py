@@ -291,7 +291,8 @@ async def test_a_correction_sent_while_a_tool_runs_joins_the_history_after_the_t
 
 async def test_a_correction_sent_during_the_final_answer_causes_one_more_model_call(client: AsyncClient) -> None:
     thread_id = await new_thread(client)
-    content = script({"tokens": 40, "delay_ms": 25}, {"echo": True})
+    # Paced by gaps: however long the server stalls, a second of answer is left after the first token.
+    content = script({"tokens": 40, "delay_ms": 25, "pace": "gap"}, {"echo": True})
     run = await client.start_run(thread_id, content)
     events: list[Envelope] = []
     steered: dict[str, Any] | None = None
@@ -321,7 +322,9 @@ async def test_a_correction_sent_as_soon_as_the_start_returns_is_taken_and_answe
     """A started run is ``running`` from its first commit: a correction sent the moment the 202
     arrives (before the run has streamed anything) is accepted, not refused as not running."""
     thread_id = await new_thread(client)
-    content = script({"tokens": 20, "delay_ms": 25}, {"echo": True})  # half a second: the correction comes well within it
+    # Half a second of answer, paced by gaps (a stall of the server does not shorten it): the
+    # correction comes well within it.
+    content = script({"tokens": 20, "delay_ms": 25, "pace": "gap"}, {"echo": True})
     run = await client.start_run(thread_id, content)
     assert run["status"] == "running"
     steered = await client.steer(run["id"], "in French please")
