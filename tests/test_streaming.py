@@ -19,7 +19,7 @@ import json
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from itertools import pairwise
@@ -32,6 +32,7 @@ import pytest
 
 from tether.client import AsyncClient
 from tether.demo import build_demo_agent
+from tether.store import StoredEvent
 
 from .conftest import LiveServer, script
 
@@ -317,29 +318,43 @@ async def test_a_stream_cut_at_random_seqs_and_resumed_from_the_last_seen_seq_ha
 
 
 async def test_fifty_clients_following_the_same_live_run_all_receive_the_identical_sequence(server: LiveServer) -> None:
-    with anyio.fail_after(30):
-        async with clients(server, connections=60) as (client, http):
-            run_id = await start_run(client, script({"tokens": 300, "delay_ms": 4}))
-            joined_at: list[datetime] = []
+    # The run's tokens are held back inside the server until all 50 clients follow it (a
+    # condition, not the run's length: on a slow, busy machine 50 streams take longer to open
+    # than 300 paced tokens take to stream), so every client gets its tokens live, from the bus.
+    store, bus = server.app.state.store, server.app.state.runtime.bus
+    append_event_batches = store.append_event_batches
 
-            async def follow() -> list[Envelope]:
-                async with open_stream(http, run_id) as stream:
-                    joined_at.append(datetime.now(UTC))
-                    return await stream.rest()
+    async def tokens_once_all_follow(batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
+        for run_id, batch in batches:
+            if any(e.type == "token" for e in batch):
+                with anyio.fail_after(20):
+                    while bus.subscriber_count(run_id) < 50:
+                        await anyio.sleep(0.005)
+        await append_event_batches(batches)
 
-            streams = await gather(*([follow] * 50))
-            run = await wait_for_terminal(http, run_id)
-            log = await stored_log(http, run_id)
+    store.append_event_batches = tokens_once_all_follow
+    try:
+        with anyio.fail_after(30):
+            async with clients(server, connections=60) as (client, http):
+                run_id = await start_run(client, script({"tokens": 300, "delay_ms": 4}))
 
-            assert run["status"] == "completed"
-            assert_complete_log(log, run_id)
-            assert len(log) == token_run_length(300)
-            assert len(streams) == 50
-            for events in streams:
-                assert events == log
-            # Every client was connected while the run was still live.
-            assert max(joined_at) < parse_ts(run["ended_at"])
-            await wait_for_no_followers(server, run_id)
+                async def follow() -> list[Envelope]:
+                    async with open_stream(http, run_id) as stream:
+                        return await stream.rest()
+
+                streams = await gather(*([follow] * 50))
+                run = await wait_for_terminal(http, run_id)
+                log = await stored_log(http, run_id)
+
+                assert run["status"] == "completed"
+                assert_complete_log(log, run_id)
+                assert len(log) == token_run_length(300)
+                assert len(streams) == 50
+                for events in streams:
+                    assert events == log
+                await wait_for_no_followers(server, run_id)
+    finally:
+        store.append_event_batches = append_event_batches
 
 
 async def test_closing_the_stream_mid_run_does_not_cancel_the_run(server: LiveServer) -> None:
