@@ -104,8 +104,17 @@ def test_a_throwaway_cluster_serves_the_tests_and_is_gone_afterwards() -> None:
     _assert_gone(match.group(1), int(match.group(2)))
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """In the child, before it runs the script: SIGINT handled by default and not blocked."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_in_the_middle_of_pytest_still_removes_the_cluster() -> None:
-    # Its own process group, which gets the SIGINT as a terminal's Ctrl-C would send it.
+    # Its own process group, which gets the SIGINT as a terminal's Ctrl-C would send it; and
+    # SIGINT's disposition as a terminal gives it (handled by default, not blocked): a process
+    # started with SIGINT ignored keeps ignoring it (bash cannot trap it, Python installs no
+    # handler), and this test's own process may have inherited or been left with that.
     proc = subprocess.Popen(
         [str(SCRIPT), "-q", "-p", "no:cacheprovider", *INNER_PYTEST, "tests/test_store.py", "-k", "postgresql"],
         cwd=ROOT,
@@ -114,6 +123,7 @@ def test_ctrl_c_in_the_middle_of_pytest_still_removes_the_cluster() -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     try:
         assert proc.stdout is not None
