@@ -28,10 +28,14 @@ as subprocesses on free localhost ports: processes **A** and **B**.
    SIGKILL. B's lease keeper takes the run over once A's lease has lapsed, and B continues it
    from its last checkpoint: a ``status`` event with ``stage == "recovering"``, then the
    interrupted model turn again from its start. Measured from the kill: the ``recovering``
-   event and the first token after it arriving at the client on B. The run's row in the
+   event and the first token after it arriving at the client on B, and the client's longest
+   wait for a token (A's last one → the first after the takeover). The run's row in the
    database (``lease_expires_at``, read after the kill and again right after the takeover)
    splits that time into its parts. The run is then cancelled and A restarted, ``--repeat``
    times per ``--lease-seconds`` value (each value gets a fresh pair of processes).
+   With ``--stop term`` A gets SIGTERM instead, as a deploy stops a process: it stops the run
+   after ``--drain-seconds`` (0 by default here: the run never ends on its own) and releases
+   it, and B takes it over at once instead of when the lease lapses.
 
 Each process's CPU (utime + stime of all its threads, from ``/proc/<pid>/stat``) is read
 before and after each latency stream. Progress goes to stderr, the markdown tables to stdout.
@@ -76,7 +80,7 @@ DEFAULT_ADMIN_URL = os.environ.get("TETHER_TEST_POSTGRES_URL", "postgresql://pos
 class TetherProcess(Server):
     """``tether demo`` on the shared database; ``kill`` sends SIGKILL."""
 
-    def __init__(self, name: str, db_url: str, lease_s: float, log_dir: Path) -> None:
+    def __init__(self, name: str, db_url: str, lease_s: float, log_dir: Path, drain_s: float = 0.0) -> None:
         port = free_port()
         argv = [
             sys.executable,
@@ -89,15 +93,18 @@ class TetherProcess(Server):
             db_url,
             "--lease-seconds",
             str(lease_s),
+            "--drain-seconds",
+            str(drain_s),
             "--log-level",
             "warning",
         ]
         super().__init__(name, argv, port, log_dir / f"{name}-{port}.log")
 
-    def kill(self) -> float:
-        """SIGKILL; returns the ``time.time()`` just before the signal was sent."""
+    def kill(self, sig: int = signal.SIGKILL) -> float:
+        """SIGKILL (or ``sig``), and wait for the process to end; returns the ``time.time()``
+        just before the signal was sent."""
         t = time.time()
-        os.kill(self.pid, signal.SIGKILL)
+        os.kill(self.pid, sig)
         self.process.wait()
         self._log.close()
         return t
@@ -433,8 +440,8 @@ def latency_table(scenarios: list[tuple[str, dict[str, Via]]]) -> str:
 
 @dataclass
 class Takeover:
-    kill: float  # time.time() of the SIGKILL
-    lease_expiry: float  # A's lease on the run, as the database had it after the kill
+    kill: float  # time.time() of the SIGKILL (or SIGTERM)
+    lease_expiry: float | None  # A's lease on the run, as the database had it after the kill (None: released)
     claimed: float | None  # when B claimed the run (from its fresh lease), if still readable
     recovering_emitted: float  # the recovering event's ts
     recovering_received: float
@@ -448,6 +455,11 @@ class Takeover:
     @property
     def to_token(self) -> float:
         return self.token_received - self.kill
+
+    @property
+    def stall(self) -> float:
+        """The client's longest wait for a token: A's last one → the first after the takeover."""
+        return self.token_received - self.last_token_before_kill
 
 
 def measure_takeover(a: TetherProcess, b: TetherProcess, db: Database, lease_s: float, args: argparse.Namespace, rng: random.Random) -> Takeover:
@@ -467,11 +479,15 @@ def measure_takeover(a: TetherProcess, b: TetherProcess, db: Database, lease_s: 
 
     wait_for(lambda: sum(1 for e in follower.events if e.type == "token") >= args.kill_after, 30, f"{args.kill_after} tokens")
     time.sleep(rng.uniform(0, lease_s / 3))  # anywhere between two lease renewals
-    t_kill = a.kill()
-    row = db.run_row(run_id)
-    if row["executor_id"] is None or row["status"] != "running":
-        raise RuntimeError(f"unexpected run row after the kill: {dict(row)}")
-    lease_expiry = row["lease_expires_at"].timestamp()
+    if args.stop == "term":
+        t_kill = a.kill(signal.SIGTERM)  # returns once A has exited: it released the run
+        lease_expiry = None
+    else:
+        t_kill = a.kill()
+        row = db.run_row(run_id)
+        if row["executor_id"] is None or row["status"] != "running":
+            raise RuntimeError(f"unexpected run row after the kill: {dict(row)}")
+        lease_expiry = row["lease_expires_at"].timestamp()
 
     def recovering() -> Received | None:
         return next((e for e in follower.events if e.type == "status" and e.payload().get("stage") == "recovering"), None)
@@ -480,8 +496,8 @@ def measure_takeover(a: TetherProcess, b: TetherProcess, db: Database, lease_s: 
     row = db.run_row(run_id)  # before B's next renewal: its lease is still the one it claimed with
     rec = recovering()
     assert rec is not None
-    claimed = row["lease_expires_at"].timestamp() - lease_s
-    if not (lease_expiry <= claimed <= rec.ts):
+    claimed: float | None = row["lease_expires_at"].timestamp() - lease_s
+    if not ((lease_expiry or t_kill) <= claimed <= rec.ts):  # type: ignore[operator]
         claimed = None  # already renewed: the claim time is gone
     index = follower.events.index(rec)
     wait_for(lambda: any(e.type == "token" for e in follower.events[index:]), 30, "token after the takeover")
@@ -500,24 +516,24 @@ def takeover_table(results: dict[float, list[Takeover]]) -> tuple[str, str]:
         return f"{statistics.median(values) * 1000:,.0f} / {max(values) * 1000:,.0f}"
 
     lines = [
-        "| lease (s) | kills | **kill → `recovering` at the client** (ms) | **kill → first token after it** (ms) | expected window, 2L/3 … 4L/3 (ms) |",
-        "|---:|---:|---:|---:|---:|",
+        "| lease (s) | stops | **stop → `recovering` at the client** (ms) | **stop → first token after it** (ms) | the client's longest wait for a token (ms) | expected after SIGKILL, 2L/3 … 4L/3 (ms) |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for lease_s, runs in results.items():
         lines.append(
-            f"| {lease_s:g} | {len(runs)} | {ms([r.to_recovering for r in runs])} | {ms([r.to_token for r in runs])} "
+            f"| {lease_s:g} | {len(runs)} | {ms([r.to_recovering for r in runs])} | {ms([r.to_token for r in runs])} | {ms([r.stall for r in runs])} "
             f"| {lease_s * 2000 / 3:,.0f} … {lease_s * 4000 / 3:,.0f} |"
         )
     parts = [
-        "| lease (s) | kill → A's lease lapses | lapse → B claims the run | claim → `recovering` emitted | emitted → received on B | `recovering` → first token received |",
+        "| lease (s) | stop → A's lease lapses (or A released it and exited) | lapse → B claims the run | claim → `recovering` emitted | emitted → received on B | `recovering` → first token received |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for lease_s, runs in results.items():
         known = [r for r in runs if r.claimed is not None]
-        lapse_claim = ms([r.claimed - r.lease_expiry for r in known]) if known else "n/a"  # type: ignore[operator]
+        lapse_claim = ms([r.claimed - (r.lease_expiry or r.kill) for r in known]) if known else "n/a"  # type: ignore[operator]
         claim_emit = ms([r.recovering_emitted - r.claimed for r in known]) if known else "n/a"  # type: ignore[operator]
         parts.append(
-            f"| {lease_s:g} | {ms([r.lease_expiry - r.kill for r in runs])} | {lapse_claim} | {claim_emit} "
+            f"| {lease_s:g} | {ms([(r.lease_expiry or r.kill) - r.kill for r in runs])} | {lapse_claim} | {claim_emit} "
             f"| {ms([r.recovering_received - r.recovering_emitted for r in runs])} | {ms([r.token_received - r.recovering_received for r in runs])} |"
         )
     return "\n".join(lines), "\n".join(parts)
@@ -564,6 +580,10 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=3, help="kills per lease value (default 3)")
     parser.add_argument("--kill-after", type=int, default=50, help="tokens the client on B must have received before A is killed (default 50)")
+    parser.add_argument(
+        "--stop", choices=("kill", "term"), default="kill", help="how A is stopped: SIGKILL (a crash; default) or SIGTERM (a deploy: A releases the run)"
+    )
+    parser.add_argument("--drain-seconds", type=float, default=0.0, help="A's --drain-seconds with --stop term (default 0)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random pause before each kill")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -581,8 +601,8 @@ def main() -> None:
             for i, lease_s in enumerate(args.lease_seconds):
                 if i > 0 and args.only == "latency":
                     break
-                a = TetherProcess("A", db.url, lease_s, Path(tmp))
-                b = TetherProcess("B", db.url, lease_s, Path(tmp))
+                a = TetherProcess("A", db.url, lease_s, Path(tmp), args.drain_seconds)
+                b = TetherProcess("B", db.url, lease_s, Path(tmp), args.drain_seconds)
                 try:
                     start_together(a, b)
                     if i == 0 and args.only != "takeover":
@@ -600,13 +620,13 @@ def main() -> None:
                     runs = takeovers.setdefault(lease_s, [])
                     for n in range(args.repeat):
                         if a.process.poll() is not None:
-                            a = TetherProcess("A", db.url, lease_s, Path(tmp))
+                            a = TetherProcess("A", db.url, lease_s, Path(tmp), args.drain_seconds)
                             start_together(a)
                         t = measure_takeover(a, b, db, lease_s, args, rng)
                         runs.append(t)
                         print(
                             f"lease {lease_s:g} s, kill {n + 1}/{args.repeat}: recovering after {t.to_recovering * 1000:,.0f} ms, "
-                            f"first token after {t.to_token * 1000:,.0f} ms (lease lapsed {(t.lease_expiry - t.kill) * 1000:,.0f} ms after the kill)",
+                            f"first token after {t.to_token * 1000:,.0f} ms, longest wait for a token {t.stall * 1000:,.0f} ms",
                             file=sys.stderr,
                         )
                 finally:
@@ -636,7 +656,8 @@ def main() -> None:
             print(f"\n({excluded} token events emitted before their client was attached were left out.)")
     if takeovers:
         summary, parts = takeover_table(takeovers)
-        print(f"\nTakeover after SIGKILL of the executing process, median / max over the kills (run of {args.delay_ms:g} ms tokens, followed through B):\n")
+        how = "SIGKILL" if args.stop == "kill" else f"SIGTERM (--drain-seconds {args.drain_seconds:g})"
+        print(f"\nTakeover after {how} of the executing process, median / max over the stops (run of {args.delay_ms:g} ms tokens, followed through B):\n")
         print(summary)
         print("\nWhere the time goes (median / max, ms):\n")
         print(parts)

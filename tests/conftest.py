@@ -301,9 +301,9 @@ def processes() -> Iterator[list[ServerProcess]]:
         process.stop()
 
 
-def start_server(processes: list[ServerProcess], tmp_path: Path) -> ServerProcess:
+def start_server(processes: list[ServerProcess], tmp_path: Path, *extra_args: str) -> ServerProcess:
     """Start ``tether demo`` on the SQLite file of ``tmp_path`` (restarts reuse the database)."""
-    process = ServerProcess(sqlite_url(tmp_path), tmp_path / f"server-{len(processes)}.log")
+    process = ServerProcess(sqlite_url(tmp_path), tmp_path / f"server-{len(processes)}.log", extra_args=extra_args)
     processes.append(process)
     return process.start()
 

@@ -78,6 +78,10 @@ _LIMIT_OPTIONS = {
 MAX_CONNECTIONS = 12_000
 #: Seconds an idle keep-alive connection stays open.
 KEEP_ALIVE_S = 5
+#: When told to stop, how long the server lets the runs under way finish before handing them
+#: over (``--drain-seconds``): under the usual grace of a process manager before it kills
+#: (10 s for ``docker stop``, 30 s on Kubernetes).
+DRAIN_S = 5.0
 
 
 def _log_config() -> dict[str, Any]:
@@ -117,14 +121,17 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
     import uvicorn
 
     from .server import Limits, create_app
+    from .server._serving import serve
 
     auth = _auth_mode(host, options["auth"])
     four_eyes: Literal["off", "destructive"] = "destructive" if options["four_eyes"] == "destructive" else "off"
     limits = Limits(**{name: options[name] for name in _LIMIT_OPTIONS})
-    app = create_app(agent, db, lease_s=lease_seconds, auth=auth, four_eyes=four_eyes, cors_origins=options["cors_origin"], limits=limits)
+    app = create_app(
+        agent, db, lease_s=lease_seconds, drain_s=options["drain_seconds"], auth=auth, four_eyes=four_eyes, cors_origins=options["cors_origin"], limits=limits
+    )
     click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {db}, auth: {auth})", err=True)
     _tune_gc()
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -136,6 +143,8 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
         backlog=2048,
         ws="none",  # no WebSocket routes: the WebSocket implementation is never loaded
     )
+
+    serve(app, config)  # ends the open streams as soon as it is told to stop
 
 
 #: Allocations between two collections of the garbage collector's youngest generation (CPython's
@@ -228,6 +237,13 @@ def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
         show_default=True,
         type=click.FloatRange(min=0.5),
         help="With PostgreSQL and several processes: how long after its executor dies a run is taken over.",
+    )(fn)
+    fn = click.option(
+        "--drain-seconds",
+        default=DRAIN_S,
+        show_default=True,
+        type=click.FloatRange(min=0),
+        help="When told to stop: how long to let the runs under way finish before handing them over (PostgreSQL: to another process at once; SQLite: to the next start).",
     )(fn)
     fn = click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))(fn)
     fn = click.option("--db", "db", default=None, help="Database URL (sqlite:///path or postgresql://…).")(fn)

@@ -27,16 +27,17 @@ from ..store import AuditEntry, CancelRequest, CreatedRun, InterruptRecord, RunR
 from ._bus import LocalBus, Subscription
 from ._cancel import as_cancel_mode, cancelled_event
 from ._config import RunConfig
-from ._follow import FellBehind, follow_run
+from ._follow import FellBehind, StreamEnded, follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
 from ._groupcommit import GroupCommit
 from ._history import HistoryPolicy
 from ._pgbus import open_bus
 from ._resumes import ResumesUnderWay
 from ._runner import RunExecutor
+from ._takeover import Takeover
 from ._turn import ParkedTurn, turn_messages
 
-__all__ = ["Runtime", "RunConfig", "HistoryPolicy", "LocalBus", "Subscription", "follow_run", "FellBehind"]
+__all__ = ["Runtime", "RunConfig", "HistoryPolicy", "LocalBus", "Subscription", "follow_run", "FellBehind", "StreamEnded"]
 
 log = logging.getLogger("tether.runtime")
 
@@ -46,7 +47,7 @@ def _stored(run_id: str, seq: int, event: Event) -> StoredEvent:
     return StoredEvent(seq, envelope.type, envelope.to_json())
 
 
-class Runtime:
+class Runtime(Takeover):
     """Starts, resumes, cancels and recovers runs of one agent on one store."""
 
     def __init__(
@@ -76,6 +77,8 @@ class Runtime:
         self._resumes = ResumesUnderWay()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._draining = False
+        self._drain_cut = asyncio.Event()
         #: Set by :meth:`open`: then :meth:`aclose` also closes the bus and the store.
         self._owns_store = False
         #: Tokens consumed by the model calls this process made (a counter for ``/metrics``).
@@ -125,10 +128,19 @@ class Runtime:
         self._spawn(self._sweep_forever(), "interrupt-sweeper")
         self._spawn(self._keep_leases(), "lease-keeper")
 
+    def end_streams(self) -> None:
+        """End every stream following a run, now and from now on (the process is about to
+        stop): each client resumes from its last seq, on another process or after the restart.
+        The runs themselves go on until :meth:`aclose`."""
+        self.bus.end_streams()
+
     async def aclose(self) -> None:
-        """Stop every owned task (executing runs are recovered on the next start); after
+        """Stop every owned task, then give up this process's claim on the runs it was
+        executing and tell the other processes, so that one of them takes each over at once
+        (from its last checkpoint, as after a crash; on SQLite the next start does). After
         :meth:`open`, close the bus and the store too."""
         self._closing = True
+        executing = [run_id for run_id, executor in self._executors.items() if not executor.parked]
         try:
             tasks = list(self._tasks)
             for task in tasks:
@@ -136,6 +148,7 @@ class Runtime:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self.writer.aclose()  # after the runs: their logs commit through it
+            await self._release(executing)
         finally:
             if self._owns_store:
                 try:
@@ -276,46 +289,18 @@ class Runtime:
                 self._finishing.discard(run_id)
         return await self.store.get_run(run_id)
 
-    def _executed_elsewhere(self, record: RunRecord) -> bool:
-        """True while another process holds a live claim on the run."""
-        return (
-            record.executor_id is not None
-            and record.executor_id != self.store.instance_id
-            and record.lease_expires_at is not None
-            and record.lease_expires_at > utcnow()
-        )
-
     def _on_control(self, message: dict[str, Any]) -> None:
         """A command from another process (through the bus)."""
+        if message.get("kind") == "released":
+            # A process stopped and gave up its runs: take them over now, not at the next look.
+            if not self._closing and not self._draining:
+                self._spawn(self._claim_released(), "claim-released")
+            return
         executor = self._executors.get(str(message.get("run_id")))
         if executor is None or executor.parked:
             return
         if message.get("kind") == "cancel":
             executor.request_cancel(as_cancel_mode(str(message.get("mode"))))
-
-    async def _keep_leases(self) -> None:
-        """Renew this process's claims; pick up cancels another process recorded (a backstop
-        for a lost notification); take over runs whose executor died (PostgreSQL)."""
-        interval = self.store.lease_s / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                local = [rid for rid, ex in self._executors.items() if not ex.parked]
-                held = await self.store.renew_leases(local)
-                for run_id in set(local) - held:
-                    # Taken over while we stalled: stop executing it, write nothing more
-                    # (an outside cancellation; the run now belongs to another process).
-                    self._stop_task_of(run_id)
-                for run_id in local:
-                    executor = self._executors.get(run_id)
-                    if executor is not None and executor.cancel_mode != "hard":
-                        current = await self.store.get_run(run_id)
-                        if current.status == "cancelling" and current.cancel_mode != executor.cancel_mode:
-                            executor.request_cancel(as_cancel_mode(current.cancel_mode))
-                if not self.store.is_sqlite:
-                    await self._recover_runs(await self.store.claim_abandoned())
-            except Exception:
-                log.exception("lease keeper failed; retrying")
 
     async def _cancel_without_executor(self, record: RunRecord) -> None:
         """Finish a cancelling run that no task executes; a pending interrupt's gated calls
@@ -471,20 +456,3 @@ class Runtime:
             except Exception:
                 log.exception("interrupt sweeper failed; retrying")
             await asyncio.sleep(self.sweep_interval_s)
-
-    # -- recovery --------------------------------------------------------------------------
-
-    async def _recover(self) -> None:
-        """At start-up, take the runs a dead process left. On SQLite (one process) that is
-        every run needing an executor; on PostgreSQL, only those whose claim has lapsed (other
-        live processes keep theirs), and the lease keeper goes on looking."""
-        claimed = await (self.store.claim_all_active() if self.store.is_sqlite else self.store.claim_abandoned())
-        await self._recover_runs(claimed)
-
-    async def _recover_runs(self, claimed: list[RunRecord]) -> None:
-        """Take over runs claimed from a dead process: ``queued`` ones start; ``running`` and
-        ``cancelling`` ones continue from their last checkpoint (a cancelling one straight to
-        its ``cancelled`` end). ``waiting_human`` runs need nothing: they live in the store."""
-        for run in claimed:
-            self.launch(run, takeover=run.status != "queued")
-            log.info("took over run %s (was %s)", run.id, run.status)

@@ -12,6 +12,10 @@ from the store. Past ``max_pending_bytes`` the subscription is *overflowed*: the
 behind, and a network stream then ends so that its client resumes at its own pace. One batch
 larger than the bound, published to a reader that had delivered everything before it, only
 makes it catch up: a reader that keeps up is never cut off because one commit carried a lot.
+
+A process about to stop ends every stream (:meth:`LocalBus.end_streams`): each reader is woken,
+delivers what it already has, and stops, so that its client resumes on another process at once
+instead of when the connection is cut.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class Subscription:
         self.stale = False
         #: True once the reader fell more than the bound behind what was published.
         self.overflowed = False
+        #: True once the process is stopping: the reader delivers what it has and stops.
+        self.ended = False
         #: (last seq, bytes) of each published batch the reader has not delivered yet.
         self._unsent: deque[tuple[int, int]] = deque()
         self._unsent_bytes = 0
@@ -75,6 +81,11 @@ class Subscription:
         while self._unsent and self._unsent[0][0] <= seq:
             self._unsent_bytes -= self._unsent.popleft()[1]
 
+    def end(self) -> None:
+        """Tell the reader to stop following (the process is stopping)."""
+        self.ended = True
+        self._wakeup.set()
+
     def mark_stale(self) -> None:
         """Tell the reader to catch up from the store (new events were committed elsewhere)."""
         self.stale = True
@@ -88,11 +99,11 @@ class Subscription:
         if self._idle is None or self._idle.seconds != timeout:
             self.close()
             self._idle = IdleTimer(timeout, self._on_idle)
-        if not self._pending and not self.stale:
+        if not self._pending and not self.stale and not self.ended:
             self._idle_due = False
             self._idle.touch()
             await self._wakeup.wait()
-            if self._idle_due and not self._pending and not self.stale:
+            if self._idle_due and not self._pending and not self.stale and not self.ended:
                 self._idle_due = False
                 self._wakeup.clear()
                 return None
@@ -123,6 +134,8 @@ class LocalBus:
         self._max_pending_bytes = max_pending_bytes
         #: Events published since start (a counter for ``/metrics``).
         self.published = 0
+        #: True once :meth:`end_streams` was called: every subscription starts ended.
+        self.streams_ended = False
 
     async def start(self) -> None:
         """Nothing to connect in one process (a cross-process bus connects here)."""
@@ -134,6 +147,7 @@ class LocalBus:
     def subscribe(self, run_id: str) -> Iterator[Subscription]:
         """Follow ``run_id`` for the duration of the ``with`` block."""
         subscription = Subscription(self._max_pending_bytes)
+        subscription.ended = self.streams_ended
         self._subscribers.setdefault(run_id, set()).add(subscription)
         try:
             yield subscription
@@ -150,6 +164,16 @@ class LocalBus:
         self.published += len(batch)
         for subscription in self._subscribers.get(run_id, ()):
             subscription._push(batch)
+
+    def end_streams(self) -> None:
+        """End every stream following a run, and every stream that starts following one
+        later: for a process about to stop. Each reader delivers the events it already has
+        and stops (:func:`~._follow.follow_run` raises :class:`~._follow.StreamEnded`); its
+        client resumes from its last seq, on another process or after the restart."""
+        self.streams_ended = True
+        for followers in self._subscribers.values():
+            for subscription in followers:
+                subscription.end()
 
     def total_subscribers(self) -> int:
         """How many streams follow any run right now."""

@@ -12,6 +12,9 @@ sends block) either catches up from the store, or, with ``stop_when_behind``, ra
 :class:`FellBehind` so that its stream can end and the client resume from its last seq at its
 own pace (the log has everything): catching up would only fall behind again while holding
 memory for it.
+
+When the process is about to stop (:meth:`~._bus.LocalBus.end_streams`), a follower raises
+:class:`StreamEnded` at its next step: its client resumes from its last seq elsewhere.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from ..events import TERMINAL_TYPES, StoredEvent
 from ..store import Store
 from ._bus import LocalBus
 
-__all__ = ["follow_run", "FellBehind"]
+__all__ = ["follow_run", "FellBehind", "StreamEnded"]
 
 #: About how many bytes of events a follower reads from the store at a time: what it holds while
 #: catching up. Page sizes adapt to the size of the events, from one event up to ``_MAX_PAGE``
@@ -41,14 +44,26 @@ class FellBehind(Exception):
         self.last_seq = last_seq
 
 
+class StreamEnded(Exception):
+    """The process is stopping: the follower stopped before the run's end."""
+
+    def __init__(self, last_seq: int) -> None:
+        super().__init__(f"the process is stopping; stopped after seq {last_seq}")
+        #: The last seq the follower yielded: where its reader resumes.
+        self.last_seq = last_seq
+
+
 async def follow_run(
     store: Store, bus: LocalBus, run_id: str, *, after_seq: int = 0, idle_timeout: float = 15.0, stop_when_behind: bool = False
 ) -> AsyncIterator[list[StoredEvent]]:
     """Yield batches of events with ``seq > after_seq`` in order; an empty batch after
     ``idle_timeout`` seconds without events (time for a keep-alive). With ``stop_when_behind``,
-    raise :class:`FellBehind` once the live queue overflowed instead of catching up."""
+    raise :class:`FellBehind` once the live queue overflowed instead of catching up. Raises
+    :class:`StreamEnded` once the bus ends its streams (the process is stopping)."""
     last = after_seq
     with bus.subscribe(run_id) as live:
+        if live.ended:
+            raise StreamEnded(last)
         page_size = _FIRST_PAGE
 
         def sent() -> None:
@@ -80,6 +95,8 @@ async def follow_run(
             yield page
             if page[-1].type in TERMINAL_TYPES:
                 return
+            if live.ended:
+                raise StreamEnded(last)
         # The log had events and none was terminal: the run was not over when it was read, and
         # its terminal event, committed later, comes through the subscription taken before.
         # Only a read that found nothing new needs the run itself.
@@ -91,6 +108,8 @@ async def follow_run(
             return
         while True:
             batch = await live.wait_for_events(idle_timeout)
+            if live.ended:
+                raise StreamEnded(last)
             if batch is None:
                 yield []
                 continue

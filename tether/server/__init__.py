@@ -3,7 +3,8 @@
 ``create_app`` builds it; its lifespan opens the runtime (which opens the store, running
 migrations, and its bus), starts it (the agent's ``on_startup``, then recovering what a previous
 process left) and, on shutdown, closes it and the model's connections (``aclose``, if it has
-one). Routes live one module per resource, response shapes in ``views``; the error mapping lives
+one). ``end_event_streams`` ends its open event streams when the process begins to stop.
+Routes live one module per resource, response shapes in ``views``; the error mapping lives
 in ``_errors``. Who is calling is settled once per request by ``_auth`` (a middleware in front of
 every route); what they may see and do, by ``_access``.
 """
@@ -33,7 +34,7 @@ from ._limits import RUN_ADMISSION, BodyLimit, Limits, StreamSlots, TokenBuckets
 from ._openapi import ERROR_RESPONSES
 from ._ui import install_ui
 
-__all__ = ["create_app", "principal_of", "Principal", "Limits"]
+__all__ = ["create_app", "end_event_streams", "stop_draining", "principal_of", "Principal", "Limits"]
 
 
 async def _count_request(request: Request) -> None:
@@ -47,6 +48,7 @@ def create_app(
     *,
     sse_ping_s: float = 15.0,
     lease_s: float = 10.0,
+    drain_s: float = 0.0,
     auth: AuthMode = "open",
     four_eyes: FourEyesPolicy = "off",
     cors_origins: Sequence[str] = (),
@@ -58,7 +60,11 @@ def create_app(
     ``: ping`` comment that often, so proxies and browsers do not time it out. ``lease_s`` is
     how long a process's claim on a run it executes lasts without renewal: after that long
     without a heartbeat (the process died), another process sharing the PostgreSQL database
-    takes the run over.
+    takes the run over. ``drain_s`` is how long the application's shutdown lets the runs under
+    way finish (or park on a human decision) before it stops them and hands them over: on
+    PostgreSQL another process takes each over at once, from its last checkpoint; on SQLite the
+    next start does. Call :func:`end_event_streams` when the process is told to stop, so that
+    open streams do not hold the server's shutdown (``tether serve`` does both).
 
     ``auth`` is ``open`` (every request is the principal ``local`` with every role; loopback
     clients only) or ``keys`` (a bearer API key on every request but ``/healthz`` and the UI
@@ -76,6 +82,8 @@ def create_app(
         raise ValueError("sse_ping_s must be positive")
     if lease_s <= 0:
         raise ValueError("lease_s must be positive")
+    if drain_s < 0:
+        raise ValueError("drain_s must not be negative")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -93,6 +101,7 @@ def create_app(
             await runtime.start()
             yield
         finally:
+            await runtime.drain(drain_s)
             await runtime.aclose()
             # A hosted model's connection pool belongs to this event loop, which ends here.
             aclose = getattr(agent.model, "aclose", None)
@@ -143,3 +152,26 @@ def create_app(
     install_ui(app)  # the web UI at "/" and its files at "/static"
 
     return app
+
+
+def end_event_streams(app: FastAPI) -> None:
+    """End every open event stream of ``app`` (and any opened from now on) with a comment
+    telling its client to reconnect with its ``Last-Event-ID``: call it when the process
+    begins to shut down, before the server waits for open requests to finish.
+
+    Without it an open stream holds the server's graceful shutdown until its timeout and is then
+    cut. ``tether serve`` and ``tether demo`` call it as soon as they are told to stop; the runs
+    go on until the application's shutdown, which hands them to another process (PostgreSQL) or
+    to the next start (SQLite). Does nothing before the application has started.
+    """
+    runtime: Runtime | None = getattr(app.state, "runtime", None)
+    if runtime is not None:
+        runtime.end_streams()
+
+
+def stop_draining(app: FastAPI) -> None:
+    """Stop the application's shutdown from waiting for the runs under way (``drain_s``): they
+    are handed over at once. Does nothing before the application has started."""
+    runtime: Runtime | None = getattr(app.state, "runtime", None)
+    if runtime is not None:
+        runtime.stop_draining()

@@ -33,7 +33,7 @@ from ..agui import (
     tether_interrupt_id,
 )
 from ..errors import Conflict, FieldError, InvalidRequest, NotFound, TetherError
-from ..runtime import Runtime, follow_run
+from ..runtime import Runtime, StreamEnded, follow_run
 from ..sse import PING
 from ..store import RunRecord, Store, ThreadRecord
 from ._access import Access
@@ -41,7 +41,7 @@ from ._deps import access_of, actor_of, runtime_of, sse_ping_s_of
 from ._errors import status_for
 from ._openapi import AGUI_STREAM
 from ._schemas import AguiRunInput, AguiTetherProps, ResumeThread
-from ._sse import SSE_HEADERS
+from ._sse import SSE_HEADERS, stopping_comment
 
 
 class EventStream(StreamingResponse):
@@ -198,18 +198,22 @@ async def _stream(
             out.clear()
     if await paused():
         return
-    async for batch in follow_run(store, runtime.bus, run_id, after_seq=max(last, cursor.seq), idle_timeout=ping_s):
-        if not batch:
-            yield PING
-            continue
-        for stored in batch:
-            emit(mapper.frames_for(stored))
-            last = stored.seq
-        if out:
-            yield "".join(out)
-            out.clear()
-        if await paused():
-            return
+    try:
+        async for batch in follow_run(store, runtime.bus, run_id, after_seq=max(last, cursor.seq), idle_timeout=ping_s):
+            if not batch:
+                yield PING
+                continue
+            for stored in batch:
+                emit(mapper.frames_for(stored))
+                last = stored.seq
+            if out:
+                yield "".join(out)
+                out.clear()
+            if await paused():
+                return
+    except StreamEnded:
+        # This process is stopping: the client reconnects (``/v1/agui/connect``) from its last event id.
+        yield stopping_comment(last)
 
 
 # -- routes ------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ starts and gives it back when it ends, however it ends. Its send buffer is bound
 events waiting for a reader that does not keep up are capped by the bus
 (``Limits.stream_buffer_bytes``); a reader that falls further behind gets a final comment
 saying so and the stream ends, and the client resumes from its ``Last-Event-ID`` (the log has
-every event, so nothing is lost). Sends are bounded by the socket's flow control: a reader
+every event, so nothing is lost). When the process begins to shut down, every stream ends the
+same way, with a comment saying so (:func:`stopping_comment`). Sends are bounded by the socket's flow control: a reader
 that does not read holds one chunk, not the run.
 """
 
@@ -17,7 +18,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..errors import Overloaded
-from ..runtime import FellBehind, LocalBus, follow_run
+from ..runtime import FellBehind, LocalBus, StreamEnded, follow_run
 from ..sse import PING, encode_comment, encode_event, encode_retry
 from ..store import Store
 
@@ -33,6 +34,11 @@ _SEND_BYTES = 64 * 1024
 def fell_behind_comment(last_seq: int) -> str:
     """The last thing a stream sends to a reader that fell too far behind."""
     return encode_comment(f"disconnected: this reader fell too far behind; reconnect with Last-Event-ID: {last_seq}")
+
+
+def stopping_comment(last_seq: int) -> str:
+    """The last thing a stream sends when its process begins to shut down."""
+    return encode_comment(f"disconnected: this server is shutting down; reconnect with Last-Event-ID: {last_seq}")
 
 
 async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, ping_s: float) -> AsyncIterator[str]:
@@ -52,6 +58,8 @@ async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, pi
             last = batch[-1].seq
     except FellBehind as behind:
         yield fell_behind_comment(behind.last_seq)
+    except StreamEnded as ended:
+        yield stopping_comment(ended.last_seq)
     except Overloaded:
         # The store is out of connections: end this stream cleanly; its client comes back.
         yield encode_comment(f"disconnected: the server is busy; reconnect with Last-Event-ID: {last}")

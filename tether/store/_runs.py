@@ -338,6 +338,25 @@ class RunStore(EventStore):
             )
             return {row[0] for row in result}
 
+    async def release_runs(self, run_ids: Sequence[str]) -> list[str]:
+        """Give up this process's claim on runs it stopped executing (it is shutting down), so
+        that another process may take them over at once instead of when the lease lapses.
+        Returns the runs released: those this process still held, needing an executor."""
+        if not run_ids:
+            return []
+        async with self._writing() as conn:
+            result = await conn.execute(
+                runs.update()
+                .where(
+                    runs.c.id.in_(list(run_ids)),
+                    runs.c.executor_id == self.instance_id,
+                    runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES)),
+                )
+                .values(executor_id=None, lease_expires_at=None)
+                .returning(runs.c.id)
+            )
+            return [row[0] for row in result]
+
     async def claim_abandoned(self, *, limit: int = 20) -> list[RunRecord]:
         """Claim runs that need an executor and whose claim has lapsed (the process that
         executed them died). Each is claimed by one conditional write: exactly one process

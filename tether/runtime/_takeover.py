@@ -1,0 +1,146 @@
+"""Which process executes which run: claims and their leases, taking runs over, handing them
+over when the process stops.
+
+Each run that needs an executor carries a claim (``runs.executor_id``, ``lease_expires_at``):
+the lease keeper renews this process's claims every ``lease_s / 3``, and on PostgreSQL takes
+over the runs whose claim lapsed (their process died). A process that is told to stop lets its
+runs finish for a while (:meth:`Takeover.drain`), then releases the rest
+(``Store.release_runs``) and says so (a ``released`` control message): the other processes take
+them over at once, from their last checkpoint, instead of when the lease lapses. On SQLite (one
+process) the next start claims every unfinished run.
+
+:class:`~tether.runtime.Runtime` is a :class:`Takeover`: this part of it is kept here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .._ids import utcnow
+from ..store import RunRecord, Store
+from ._cancel import as_cancel_mode
+
+if TYPE_CHECKING:
+    from ._runner import RunExecutor
+
+__all__ = ["Takeover"]
+
+log = logging.getLogger("tether.runtime")
+
+
+class Takeover:
+    """The claims of a :class:`~tether.runtime.Runtime` on runs: keeping, taking, handing over."""
+
+    store: Store
+    _executors: dict[str, RunExecutor]
+    _run_tasks: dict[str, asyncio.Task[None]]
+    _closing: bool
+    #: True once the process is stopping (:meth:`drain`): it takes over no more runs.
+    _draining: bool
+    #: Set to stop :meth:`drain` waiting (the process was told to stop at once).
+    _drain_cut: asyncio.Event
+
+    if TYPE_CHECKING:  # the runtime's own
+
+        def launch(self, run: RunRecord, *, takeover: bool = False) -> None: ...
+        def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]: ...
+        def _stop_task_of(self, run_id: str) -> None: ...
+
+    async def drain(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the runs this process executes to end or to park
+        on a human decision (the process is about to stop; call :meth:`aclose` next, which
+        hands the rest over). Meanwhile it takes over no runs of other processes. Returns early
+        when :meth:`stop_draining` is called."""
+        self._draining = True
+        waiting: set[asyncio.Future[Any]] = {
+            task for run_id, task in self._run_tasks.items() if (executor := self._executors.get(run_id)) is not None and not executor.parked
+        }
+        if not waiting or seconds <= 0:
+            return
+        log.info("stopping: waiting up to %g s for %d run(s) to finish (Ctrl-C again stops them now)", seconds, len(waiting))
+        cut = asyncio.ensure_future(self._drain_cut.wait())
+        try:
+            async with asyncio.timeout(seconds):
+                while waiting and not cut.done():
+                    _done, waiting = await asyncio.wait({*waiting, cut}, return_when=asyncio.FIRST_COMPLETED)
+                    waiting.discard(cut)
+        except TimeoutError:
+            pass
+        finally:
+            cut.cancel()
+
+    def stop_draining(self) -> None:
+        """Stop :meth:`drain` waiting: the runs still executing are handed over now."""
+        self._drain_cut.set()
+
+    async def _release(self, run_ids: list[str]) -> None:
+        """Give up the claims on ``run_ids`` (their executors have stopped) and announce it."""
+        if not run_ids:
+            return
+        try:
+            released = await self.store.release_runs(run_ids)
+            if released:
+                await self.store.send_control({"kind": "released", "run_ids": released})
+                log.info("released %d run(s) for another process, or the next start, to take over", len(released))
+        except Exception as exc:
+            # Their leases then lapse as if this process had died: the takeover only waits longer.
+            log.warning("could not release the runs this process executed (%s); they are taken over when their leases lapse", exc)
+
+    def _executed_elsewhere(self, record: RunRecord) -> bool:
+        """True while another process holds a live claim on the run."""
+        return (
+            record.executor_id is not None
+            and record.executor_id != self.store.instance_id
+            and record.lease_expires_at is not None
+            and record.lease_expires_at > utcnow()
+        )
+
+    async def _keep_leases(self) -> None:
+        """Renew this process's claims; pick up cancels another process recorded (a backstop
+        for a lost notification); take over runs whose executor died (PostgreSQL)."""
+        interval = self.store.lease_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                local = [rid for rid, ex in self._executors.items() if not ex.parked]
+                held = await self.store.renew_leases(local)
+                for run_id in set(local) - held:
+                    # Taken over while we stalled: stop executing it, write nothing more
+                    # (an outside cancellation; the run now belongs to another process).
+                    self._stop_task_of(run_id)
+                for run_id in local:
+                    executor = self._executors.get(run_id)
+                    if executor is not None and executor.cancel_mode != "hard":
+                        current = await self.store.get_run(run_id)
+                        if current.status == "cancelling" and current.cancel_mode != executor.cancel_mode:
+                            executor.request_cancel(as_cancel_mode(current.cancel_mode))
+                if not self.store.is_sqlite and not self._draining:
+                    await self._recover_runs(await self.store.claim_abandoned())
+            except Exception:
+                log.exception("lease keeper failed; retrying")
+
+    async def _claim_released(self) -> None:
+        """Claim runs another process released (or whose claim lapsed), in rounds until none
+        is left: the processes that heard the same notification share them, one winner each."""
+        try:
+            while claimed := await self.store.claim_abandoned():
+                await self._recover_runs(claimed)
+        except Exception:
+            log.exception("taking over released runs failed; the lease keeper retries")
+
+    async def _recover(self) -> None:
+        """At start-up, take the runs a dead process left. On SQLite (one process) that is
+        every run needing an executor; on PostgreSQL, only those whose claim has lapsed (other
+        live processes keep theirs), and the lease keeper goes on looking."""
+        claimed = await (self.store.claim_all_active() if self.store.is_sqlite else self.store.claim_abandoned())
+        await self._recover_runs(claimed)
+
+    async def _recover_runs(self, claimed: list[RunRecord]) -> None:
+        """Take over runs claimed from a dead process: ``queued`` ones start; ``running`` and
+        ``cancelling`` ones continue from their last checkpoint (a cancelling one straight to
+        its ``cancelled`` end). ``waiting_human`` runs need nothing: they live in the store."""
+        for run in claimed:
+            self.launch(run, takeover=run.status != "queued")
+            log.info("took over run %s (was %s)", run.id, run.status)

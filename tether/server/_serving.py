@@ -1,0 +1,54 @@
+"""Serving the application with uvicorn so that stopping it keeps no one waiting.
+
+uvicorn's own shutdown stops accepting connections, then waits (up to its graceful timeout) for
+the requests under way to finish, then cuts them, logging an error, and only then runs the
+application's shutdown. An event stream never finishes on its own, so every open stream would
+hold the shutdown for the whole timeout. :class:`StreamEndingServer` ends them first
+(:func:`~tether.server.end_event_streams`): the clients resume elsewhere at once, and the
+application's shutdown (``drain_s``, then the hand-over) starts without delay. A second Ctrl-C
+stops the wait for the runs under way (:func:`~tether.server.stop_draining`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from . import end_event_streams, stop_draining
+
+__all__ = ["StreamEndingServer", "serve"]
+
+
+class StreamEndingServer(uvicorn.Server):
+    """uvicorn's server, ending ``app``'s open event streams as soon as it is told to stop."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        end_event_streams(self._app)
+        await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)  # a second Ctrl-C sets force_exit
+        if self.force_exit and self._loop is not None:
+            self._loop.call_soon_threadsafe(stop_draining, self._app)
+
+
+def serve(app: FastAPI, config: uvicorn.Config) -> None:
+    """Serve ``app`` with ``config`` (whose app it is) until told to stop; exit with status 3,
+    as ``uvicorn.run`` does, if the server could not start."""
+    server = StreamEndingServer(config, app)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises the Ctrl-C again once stopped
+        server.run()
+    if not server.started:
+        sys.exit(3)
