@@ -13,8 +13,10 @@ comment gets the rest of the log with no gap and no repeat.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -116,25 +118,46 @@ async def test_sigterm_ends_every_stream_with_its_last_seq_and_the_restart_finis
     assert any(e.type == "status" and e.data["stage"] == "recovering" for e in rest)
 
 
-async def test_a_process_stopped_mid_run_hands_it_to_another_at_once_not_when_its_lease_lapses(pg_db_url: str, tmp_path: Path) -> None:
-    a, b = (
-        ServerProcess(pg_db_url, tmp_path / f"server-{name}.log", extra_args=("--lease-seconds", str(LONG_LEASE_S), "--drain-seconds", "0")) for name in "ab"
-    )
+@contextlib.asynccontextmanager
+async def _two_processes(pg_db_url: str, tmp_path: Path, *, drain_s: float) -> AsyncIterator[tuple[ServerProcess, ServerProcess]]:
+    """Processes A and B on one PostgreSQL database, with a lease far longer than the test."""
+    args = ("--lease-seconds", str(LONG_LEASE_S), "--drain-seconds", str(drain_s))
+    a, b = (ServerProcess(pg_db_url, tmp_path / f"server-{name}.log", extra_args=args) for name in "ab")
     try:
         await asyncio.gather(asyncio.to_thread(a.start), asyncio.to_thread(b.start))
-        async with httpx.AsyncClient(base_url=a.url, timeout=30) as http:
-            thread_id = (await http.post("/v1/threads", json={})).json()["id"]
-            response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": 600, "delay_ms": 5})}})
-            assert response.status_code == 202, response.text
-            run_id = response.json()["id"]
-            stop = asyncio.Event()
-            following = asyncio.create_task(_read_until_cut(http, f"/v1/runs/{run_id}/events", stop=stop, tokens_first=20))
-            async with asyncio.timeout(60):
-                await stop.wait()
+        yield a, b
+    finally:
+        for process in (a, b):
+            await asyncio.to_thread(process.stop)
+
+
+async def _stop_mid_stream(a: ServerProcess, *, wait_for_exit: bool) -> tuple[str, str, int]:
+    """Start a run of 600 tokens on A, follow it there, SIGTERM A after 20 tokens (and wait for
+    A to exit, with ``wait_for_exit``). Returns the thread, the run and the seq A's stream ended
+    at, checked: every seq up to it, then the shutdown comment naming it."""
+    assert a.proc is not None
+    async with httpx.AsyncClient(base_url=a.url, timeout=30) as http:
+        thread_id = (await http.post("/v1/threads", json={})).json()["id"]
+        response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": 600, "delay_ms": 5})}})
+        assert response.status_code == 202, response.text
+        run_id = response.json()["id"]
+        stop = asyncio.Event()
+        following = asyncio.create_task(_read_until_cut(http, f"/v1/runs/{run_id}/events", stop=stop, tokens_first=20))
+        async with asyncio.timeout(60):
+            await stop.wait()
+            if wait_for_exit:
                 await _terminate(a)
-                seqs, lines = await following
-        resumed_from = _stopping_seq(lines)
-        assert seqs == list(range(1, resumed_from + 1))
+            else:
+                a.proc.send_signal(signal.SIGTERM)
+            seqs, lines = await following  # ends at once; the run goes on until A's shutdown
+    resumed_from = _stopping_seq(lines)
+    assert seqs == list(range(1, resumed_from + 1))
+    return thread_id, run_id, resumed_from
+
+
+async def test_a_process_stopped_mid_run_hands_it_to_another_at_once_not_when_its_lease_lapses(pg_db_url: str, tmp_path: Path) -> None:
+    async with _two_processes(pg_db_url, tmp_path, drain_s=0) as (a, b):
+        thread_id, run_id, resumed_from = await _stop_mid_stream(a, wait_for_exit=True)
         async with AsyncClient(b.url) as on_b:
             # Well inside the lease: only a released run can be taken over by now.
             async with asyncio.timeout(LONG_LEASE_S / 10):
@@ -142,50 +165,27 @@ async def test_a_process_stopped_mid_run_hands_it_to_another_at_once_not_when_it
             final = await on_b.get_run(run_id)
             log = await on_b.events(run_id, after_seq=0, limit=1000)
             path = await on_b.messages(thread_id)
-        assert [e.seq for e in log] == list(range(1, len(log) + 1)) and [e.seq for e in rest] == [e.seq for e in log[resumed_from:]]
-        assert rest[-1].type == "done" and final["status"] == "completed"
-        [recovering] = [e for e in log if e.type == "status" and e.data["stage"] == "recovering"]
-        answer = "".join(e.data["text"] for e in log[log.index(recovering) :] if e.type == "token")
-        assert answer == "".join(f"t{n} " for n in range(1, 601)) and path[-1]["content"] == answer
-    finally:
-        for process in (a, b):
-            await asyncio.to_thread(process.stop)
+    assert [e.seq for e in log] == list(range(1, len(log) + 1)) and [e.seq for e in rest] == [e.seq for e in log[resumed_from:]]
+    assert rest[-1].type == "done" and final["status"] == "completed"
+    [recovering] = [e for e in log if e.type == "status" and e.data["stage"] == "recovering"]
+    answer = "".join(e.data["text"] for e in log[log.index(recovering) :] if e.type == "token")
+    assert answer == "".join(f"t{n} " for n in range(1, 601)) and path[-1]["content"] == answer
 
 
 async def test_a_stopping_process_finishes_its_run_while_the_client_follows_it_on_another(pg_db_url: str, tmp_path: Path) -> None:
-    a, b = (
-        ServerProcess(pg_db_url, tmp_path / f"server-{name}.log", extra_args=("--lease-seconds", str(LONG_LEASE_S), "--drain-seconds", "120")) for name in "ab"
-    )
-    try:
-        await asyncio.gather(asyncio.to_thread(a.start), asyncio.to_thread(b.start))
-        async with httpx.AsyncClient(base_url=a.url, timeout=30) as http:
-            thread_id = (await http.post("/v1/threads", json={})).json()["id"]
-            response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": 600, "delay_ms": 5})}})
-            assert response.status_code == 202, response.text
-            run_id = response.json()["id"]
-            stop = asyncio.Event()
-            following = asyncio.create_task(_read_until_cut(http, f"/v1/runs/{run_id}/events", stop=stop, tokens_first=20))
-            async with asyncio.timeout(60):
-                await stop.wait()
-                assert a.proc is not None
-                a.proc.send_signal(signal.SIGTERM)
-                seqs, lines = await following  # ends at once, while the run goes on
-        resumed_from = _stopping_seq(lines)
-        assert seqs == list(range(1, resumed_from + 1))
+    async with _two_processes(pg_db_url, tmp_path, drain_s=120) as (a, b):
+        _thread_id, run_id, resumed_from = await _stop_mid_stream(a, wait_for_exit=False)
         async with AsyncClient(b.url) as on_b:
             async with asyncio.timeout(60):
                 rest = [e async for e in on_b.follow(run_id, after_seq=resumed_from)]
             final = await on_b.get_run(run_id)
             log = await on_b.events(run_id, after_seq=0, limit=1000)
-        async with asyncio.timeout(30):
-            await _terminate(a)  # it exits once its run is over
-        assert [e.seq for e in log] == list(range(1, len(log) + 1)) and [e.seq for e in rest] == [e.seq for e in log[resumed_from:]]
-        assert rest[-1].type == "done" and final["status"] == "completed"
-        assert not any(e.type == "status" and e.data["stage"] == "recovering" for e in log)  # finished where it began
-        assert "".join(e.data["text"] for e in log if e.type == "token") == "".join(f"t{n} " for n in range(1, 601))
-    finally:
-        for process in (a, b):
-            await asyncio.to_thread(process.stop)
+        assert a.proc is not None
+        assert await asyncio.to_thread(a.proc.wait, 30) in (0, -signal.SIGTERM)  # it exits once its run is over
+    assert [e.seq for e in log] == list(range(1, len(log) + 1)) and [e.seq for e in rest] == [e.seq for e in log[resumed_from:]]
+    assert rest[-1].type == "done" and final["status"] == "completed"
+    assert not any(e.type == "status" and e.data["stage"] == "recovering" for e in log)  # finished where it began
+    assert "".join(e.data["text"] for e in log if e.type == "token") == "".join(f"t{n} " for n in range(1, 601))
 
 
 async def test_ending_the_streams_stops_a_waiting_follower_and_every_later_one(tmp_path: Path) -> None:
