@@ -58,6 +58,14 @@ async def _read_until_cut(http: httpx.AsyncClient, url: str, *, stop: asyncio.Ev
     return seqs, lines
 
 
+async def _start_run(http: httpx.AsyncClient, tokens: int) -> tuple[str, str]:
+    """A new thread and a run on it streaming ``tokens`` tokens 5 ms apart: (thread, run)."""
+    thread_id = (await http.post("/v1/threads", json={})).json()["id"]
+    response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": tokens, "delay_ms": 5})}})
+    assert response.status_code == 202, response.text
+    return thread_id, response.json()["id"]
+
+
 def _stopping_seq(lines: list[str]) -> int:
     comments = [m for m in (STOPPING.match(line) for line in lines) if m]
     assert len(comments) == 1, f"expected one shutdown comment, got the stream's tail: {lines[-6:]}"
@@ -76,10 +84,7 @@ async def _terminate(process: ServerProcess) -> None:
 async def test_sigterm_ends_every_stream_with_its_last_seq_and_the_restart_finishes_the_run(processes: list[ServerProcess], tmp_path: Path) -> None:
     first = start_server(processes, tmp_path, "--drain-seconds", "0")
     async with httpx.AsyncClient(base_url=first.url, timeout=30) as http:
-        thread_id = (await http.post("/v1/threads", json={})).json()["id"]
-        response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": 600, "delay_ms": 5})}})
-        assert response.status_code == 202, response.text
-        run_id = response.json()["id"]
+        thread_id, run_id = await _start_run(http, 600)
         stop = asyncio.Event()
         # Three followers: two SSE streams of the run, one AG-UI stream of its thread.
         followers = [
@@ -137,10 +142,7 @@ async def _stop_mid_stream(a: ServerProcess, *, wait_for_exit: bool) -> tuple[st
     at, checked: every seq up to it, then the shutdown comment naming it."""
     assert a.proc is not None
     async with httpx.AsyncClient(base_url=a.url, timeout=30) as http:
-        thread_id = (await http.post("/v1/threads", json={})).json()["id"]
-        response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": 600, "delay_ms": 5})}})
-        assert response.status_code == 202, response.text
-        run_id = response.json()["id"]
+        thread_id, run_id = await _start_run(http, 600)
         stop = asyncio.Event()
         following = asyncio.create_task(_read_until_cut(http, f"/v1/runs/{run_id}/events", stop=stop, tokens_first=20))
         async with asyncio.timeout(60):
@@ -222,10 +224,7 @@ async def test_a_second_ctrl_c_stops_waiting_for_the_runs_and_hands_them_over(pr
     server = start_server(processes, tmp_path, "--drain-seconds", "600", "--log-level", "info")
     assert server.proc is not None
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        thread_id = (await http.post("/v1/threads", json={})).json()["id"]
-        response = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": 100_000, "delay_ms": 5})}})
-        assert response.status_code == 202, response.text
-        run_id = response.json()["id"]
+        thread_id, run_id = await _start_run(http, 100_000)
         stop = asyncio.Event()
         following = asyncio.create_task(_read_until_cut(http, f"/v1/runs/{run_id}/events", stop=stop, tokens_first=5))
         async with asyncio.timeout(60):
