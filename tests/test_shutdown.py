@@ -17,7 +17,6 @@ import contextlib
 import re
 import signal
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -200,9 +199,8 @@ async def test_ending_the_streams_stops_a_waiting_follower_and_every_later_one(t
 
         async def follow() -> list[int]:
             seqs: list[int] = []
-            async with aclosing(follow_run(store, bus, run_id, idle_timeout=30)) as batches:
-                async for batch in batches:
-                    seqs += [e.seq for e in batch]
+            async for batch in follow_run(store, bus, run_id, idle_timeout=30):  # ends by raising
+                seqs += [e.seq for e in batch]
             return seqs
 
         waiting = asyncio.create_task(follow())
@@ -224,7 +222,7 @@ async def test_a_second_ctrl_c_stops_waiting_for_the_runs_and_hands_them_over(pr
     server = start_server(processes, tmp_path, "--drain-seconds", "600", "--log-level", "info")
     assert server.proc is not None
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        thread_id, run_id = await _start_run(http, 100_000)
+        _thread_id, run_id = await _start_run(http, 100_000)
         stop = asyncio.Event()
         following = asyncio.create_task(_read_until_cut(http, f"/v1/runs/{run_id}/events", stop=stop, tokens_first=5))
         async with asyncio.timeout(60):
