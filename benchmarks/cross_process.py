@@ -442,6 +442,7 @@ def latency_table(scenarios: list[tuple[str, dict[str, Via]]]) -> str:
 class Takeover:
     kill: float  # time.time() of the SIGKILL (or SIGTERM)
     lease_expiry: float | None  # A's lease on the run, as the database had it after the kill (None: released)
+    exited: float  # time.time() once A had exited
     claimed: float | None  # when B claimed the run (from its fresh lease), if still readable
     recovering_emitted: float  # the recovering event's ts
     recovering_received: float
@@ -484,6 +485,8 @@ def measure_takeover(a: TetherProcess, b: TetherProcess, db: Database, lease_s: 
         lease_expiry = None
     else:
         t_kill = a.kill()
+    exited = time.time()
+    if args.stop == "kill":
         row = db.run_row(run_id)
         if row["executor_id"] is None or row["status"] != "running":
             raise RuntimeError(f"unexpected run row after the kill: {dict(row)}")
@@ -508,7 +511,7 @@ def measure_takeover(a: TetherProcess, b: TetherProcess, db: Database, lease_s: 
     events = follower.finish()
     if events[-1].type != "cancelled":
         raise AssertionError(f"the run ended with {events[-1].type}, not cancelled")
-    return Takeover(t_kill, lease_expiry, claimed, rec.ts, rec.recv, first.recv, before[-1].recv)
+    return Takeover(t_kill, lease_expiry, exited, claimed, rec.ts, rec.recv, first.recv, before[-1].recv)
 
 
 def takeover_table(results: dict[float, list[Takeover]]) -> tuple[str, str]:
@@ -525,15 +528,17 @@ def takeover_table(results: dict[float, list[Takeover]]) -> tuple[str, str]:
             f"| {lease_s * 2000 / 3:,.0f} … {lease_s * 4000 / 3:,.0f} |"
         )
     parts = [
-        "| lease (s) | stop → A's lease lapses (or A released it and exited) | lapse → B claims the run | claim → `recovering` emitted | emitted → received on B | `recovering` → first token received |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| lease (s) | stop → A exited | stop → A's lease lapses | lapse (after SIGTERM: the stop) → B claims the run | claim → `recovering` emitted | emitted → received on B | `recovering` → first token received |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for lease_s, runs in results.items():
         known = [r for r in runs if r.claimed is not None]
+        lapsed = [r for r in runs if r.lease_expiry is not None]
         lapse_claim = ms([r.claimed - (r.lease_expiry or r.kill) for r in known]) if known else "n/a"  # type: ignore[operator]
         claim_emit = ms([r.recovering_emitted - r.claimed for r in known]) if known else "n/a"  # type: ignore[operator]
+        lapse = ms([r.lease_expiry - r.kill for r in lapsed]) if lapsed else "released"  # type: ignore[operator]
         parts.append(
-            f"| {lease_s:g} | {ms([(r.lease_expiry or r.kill) - r.kill for r in runs])} | {lapse_claim} | {claim_emit} "
+            f"| {lease_s:g} | {ms([r.exited - r.kill for r in runs])} | {lapse} | {lapse_claim} | {claim_emit} "
             f"| {ms([r.recovering_received - r.recovering_emitted for r in runs])} | {ms([r.token_received - r.recovering_received for r in runs])} |"
         )
     return "\n".join(lines), "\n".join(parts)
