@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from .conftest import LiveServer, install_lock, script, sqlite_url
+from .conftest import LiveServer, ServerProcess, install_lock, script, sqlite_url, start_server
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -518,6 +519,49 @@ def test_a_network_drop_shows_reconnecting_and_the_text_ends_exactly_as_stored(p
     assert report["tokenEvents"] == 300
     assert report["mismatches"] == []
     expect(page.locator(f"#chat .msg[data-id='{final['id']}'] .text")).to_have_text(expected)
+
+
+def test_a_server_stopped_mid_answer_shows_reconnecting_and_its_restart_finishes_the_answer(
+    browser: Browser, processes: list[ServerProcess], tmp_path: Path
+) -> None:
+    first = start_server(processes, tmp_path, "--drain-seconds", "0")
+    assert first.proc is not None
+    context = browser.new_context(viewport=DESKTOP, color_scheme="light")
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(first.url + "/")
+        expect(page.locator("body")).to_have_attribute("data-ready", "true")
+        send(page, script({"tokens": 300, "delay_ms": 20}))
+        expect(page.locator(".live-run .msg.assistant .text")).to_contain_text("t10 ")
+
+        first.proc.send_signal(signal.SIGTERM)  # a deploy stops the server mid-answer
+        first.proc.wait(30)
+        expect(conn(page)).to_have_attribute("data-state", "recovering")
+        expect(conn(page)).to_have_text("reconnecting…")  # never "stopped": the run was not cancelled
+
+        # The new version starts on the same port and database, and takes the run over.
+        second = ServerProcess(first.db_url, tmp_path / "server-restarted.log", extra_args=("--drain-seconds", "0"))
+        second.port, second.url = first.port, first.url
+        processes.append(second)
+        second.start()
+        expect(conn(page)).to_have_attribute("data-state", "completed", timeout=60_000)
+        report = wait_settled(page)
+        assert "cancelled" not in report["states"] and "cancelling" not in report["states"]
+        assert report["reconnects"] >= 1 and report["mismatches"] == []
+        with httpx.Client(base_url=second.url, timeout=10) as api:
+            final = [m for m in path_of(api, thread_id(page)) if m["role"] == "assistant"][-1]
+            log = events_of(api, report["runId"])
+        assert any(e["type"] == "status" and e["data"]["stage"] == "recovering" for e in log)  # taken over, not finished before the stop
+        expected = "".join(f"t{n} " for n in range(1, 301))
+        assert final["content"] == expected
+        assert report["streamedText"][final["id"]] == expected, "the page kept tokens of the discarded answer, or lost some"
+        expect(page.locator(f"#chat .msg[data-id='{final['id']}'] .text")).to_have_text(expected)
+    finally:
+        context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
 
 
 CUT_STREAMS_JS = """
