@@ -189,6 +189,41 @@ async def test_a_stopping_process_finishes_its_run_while_the_client_follows_it_o
     assert "".join(e.data["text"] for e in log if e.type == "token") == "".join(f"t{n} " for n in range(1, 601))
 
 
+async def test_runs_released_by_a_stopped_process_are_each_taken_over_by_exactly_one_of_the_others(pg_db_url: str, tmp_path: Path) -> None:
+    runs = 24  # more than one claim round (claim_abandoned takes 20 at a time)
+    args = ("--lease-seconds", str(LONG_LEASE_S), "--drain-seconds", "0")
+    a, b, c = (ServerProcess(pg_db_url, tmp_path / f"server-{name}.log", extra_args=args) for name in "abc")
+    try:
+        await asyncio.gather(*(asyncio.to_thread(p.start) for p in (a, b, c)))
+        async with AsyncClient(a.url) as on_a:
+            threads = [await on_a.create_thread() for _ in range(runs)]
+            started = [await on_a.start_run(t["id"], script({"tokens": 300, "delay_ms": 10})) for t in threads]
+            async with asyncio.timeout(60):
+                for run in started:  # every run under way on A
+                    while not any(e.type == "token" for e in await on_a.events(run["id"])):
+                        await asyncio.sleep(0.02)
+        await _terminate(a)
+        # B and C both hear of the release and race for every run; each follows half of them.
+        async with AsyncClient(b.url) as on_b, AsyncClient(c.url) as on_c:
+            async with asyncio.timeout(LONG_LEASE_S / 10):
+                logs = await asyncio.gather(*(_follow_all(on_b if i % 2 else on_c, run["id"]) for i, run in enumerate(started)))
+            finals = [await on_b.get_run(run["id"]) for run in started]
+    finally:
+        for process in (a, b, c):
+            await asyncio.to_thread(process.stop)
+    expected = "".join(f"t{n} " for n in range(1, 301))
+    for log, final in zip(logs, finals, strict=True):
+        assert [e.seq for e in log] == list(range(1, len(log) + 1)) and log[-1].type == "done" and final["status"] == "completed"
+        # Executed by one process after the hand-over: a second executor would have logged a
+        # second ``recovering`` (or collided on a seq).
+        [recovering] = [e for e in log if e.type == "status" and e.data["stage"] == "recovering"]
+        assert "".join(e.data["text"] for e in log[log.index(recovering) :] if e.type == "token") == expected
+
+
+async def _follow_all(client: AsyncClient, run_id: str) -> list[Any]:
+    return [e async for e in client.follow(run_id)]
+
+
 async def test_ending_the_streams_stops_a_waiting_follower_and_every_later_one(tmp_path: Path) -> None:
     store = await Store.open(f"sqlite:///{tmp_path / 'bus.db'}")
     try:
