@@ -127,6 +127,8 @@ class Runtime(Takeover):
         await self._recover()
         self._spawn(self._sweep_forever(), "interrupt-sweeper")
         self._spawn(self._keep_leases(), "lease-keeper")
+        if not self.store.is_sqlite:
+            self._spawn(self._watch_lapses(), "lapse-watcher")
 
     def end_streams(self) -> None:
         """End every stream following a run, now and from now on (the process is about to

@@ -29,6 +29,10 @@ __all__ = ["Takeover"]
 
 log = logging.getLogger("tether.runtime")
 
+#: How long after a claim's expiry the lapse watcher claims it: a little, so that the claim has
+#: run out by the database's clock too when the conditional write compares it.
+_LAPSE_MARGIN_S = 0.05
+
 
 class Takeover:
     """The claims of a :class:`~tether.runtime.Runtime` on runs: keeping, taking, handing over."""
@@ -99,7 +103,7 @@ class Takeover:
 
     async def _keep_leases(self) -> None:
         """Renew this process's claims; pick up cancels another process recorded (a backstop
-        for a lost notification); take over runs whose executor died (PostgreSQL)."""
+        for a lost notification)."""
         interval = self.store.lease_s / 3
         while True:
             await asyncio.sleep(interval)
@@ -116,10 +120,30 @@ class Takeover:
                         current = await self.store.get_run(run_id)
                         if current.status == "cancelling" and current.cancel_mode != executor.cancel_mode:
                             executor.request_cancel(as_cancel_mode(current.cancel_mode))
-                if not self.store.is_sqlite and not self._draining:
-                    await self._recover_runs(await self.store.claim_abandoned())
             except Exception:
                 log.exception("lease keeper failed; retrying")
+
+    async def _watch_lapses(self) -> None:
+        """PostgreSQL: take over the runs of a process that died as soon as its claim runs out.
+        Sleeps until the earliest claim another process holds lapses (at most ``lease_s / 3``:
+        a run may also be waiting with no claim), then claims what lapsed meanwhile."""
+        interval = self.store.lease_s / 3
+        while True:
+            wait = interval
+            try:
+                due = await self.store.next_lease_lapse()
+                if due is not None:
+                    wait = min(interval, max(_LAPSE_MARGIN_S, (due - utcnow()).total_seconds() + _LAPSE_MARGIN_S))
+            except Exception:
+                log.exception("reading the next lease lapse failed; looking again later")
+            await asyncio.sleep(wait)
+            if self._draining:
+                continue
+            try:
+                await self._recover_runs(await self.store.claim_abandoned())
+            except Exception:
+                log.exception("taking over abandoned runs failed; retrying")
+                await asyncio.sleep(interval)
 
     async def _claim_released(self) -> None:
         """Claim runs another process released (or whose claim lapsed), in rounds until none

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from .._ids import new_id, utcnow
+from .._ids import as_utc, new_id, utcnow
 from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadBusy
 from ..events import Envelope, RunStarted, Status, StoredEvent
 from ._engine import Writing
@@ -356,6 +357,17 @@ class RunStore(EventStore):
                 .returning(runs.c.id)
             )
             return [row[0] for row in result]
+
+    async def next_lease_lapse(self) -> datetime | None:
+        """When the earliest claim another process holds on a run needing an executor runs out
+        (None if there is none): the moment to look for an abandoned run next."""
+        query = sa.select(sa.func.min(runs.c.lease_expires_at)).where(
+            runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES)),
+            runs.c.executor_id != self.instance_id,
+        )
+        async with self._point_reading() as conn:
+            earliest: datetime | None = (await conn.execute(query)).scalar()
+        return as_utc(earliest)
 
     async def claim_abandoned(self, *, limit: int = 20) -> list[RunRecord]:
         """Claim runs that need an executor and whose claim has lapsed (the process that
