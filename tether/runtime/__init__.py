@@ -118,7 +118,7 @@ class Runtime(Takeover):
 
     async def start(self) -> None:
         """Let the agent set up (``on_startup``), recover what a previous process left behind,
-        then start the expiry sweeper and the lease keeper."""
+        then start the expiry sweeper, the lease keeper and (PostgreSQL) the lapse watcher."""
         if hasattr(self.bus, "on_control"):
             self.bus.on_control = self._on_control
         self.writer.start()

@@ -13,9 +13,9 @@ behind, and a network stream then ends so that its client resumes at its own pac
 larger than the bound, published to a reader that had delivered everything before it, only
 makes it catch up: a reader that keeps up is never cut off because one commit carried a lot.
 
-A process about to stop ends every stream (:meth:`LocalBus.end_streams`): each reader is woken,
-delivers what it already has, and stops, so that its client resumes on another process at once
-instead of when the connection is cut.
+A process about to stop ends every stream (:meth:`LocalBus.end_streams`): each reader is woken
+and stops at its next step (what it had not sent is in the log), so that its client resumes on
+another process at once instead of when the connection is cut.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Subscription:
         self.stale = False
         #: True once the reader fell more than the bound behind what was published.
         self.overflowed = False
-        #: True once the process is stopping: the reader delivers what it has and stops.
+        #: True once the process is stopping: the reader stops at its next step.
         self.ended = False
         #: (last seq, bytes) of each published batch the reader has not delivered yet.
         self._unsent: deque[tuple[int, int]] = deque()
@@ -167,9 +167,9 @@ class LocalBus:
 
     def end_streams(self) -> None:
         """End every stream following a run, and every stream that starts following one
-        later: for a process about to stop. Each reader delivers the events it already has
-        and stops (:func:`~._follow.follow_run` raises :class:`~._follow.StreamEnded`); its
-        client resumes from its last seq, on another process or after the restart."""
+        later: for a process about to stop. Each reader stops at its next step
+        (:func:`~._follow.follow_run` raises :class:`~._follow.StreamEnded`); its client
+        resumes from its last seq, on another process or after the restart."""
         self.streams_ended = True
         for followers in self._subscribers.values():
             for subscription in followers:

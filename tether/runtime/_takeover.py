@@ -2,12 +2,13 @@
 over when the process stops.
 
 Each run that needs an executor carries a claim (``runs.executor_id``, ``lease_expires_at``):
-the lease keeper renews this process's claims every ``lease_s / 3``, and on PostgreSQL takes
-over the runs whose claim lapsed (their process died). A process that is told to stop lets its
-runs finish for a while (:meth:`Takeover.drain`), then releases the rest
-(``Store.release_runs``) and says so (a ``released`` control message): the other processes take
-them over at once, from their last checkpoint, instead of when the lease lapses. On SQLite (one
-process) the next start claims every unfinished run.
+the lease keeper renews this process's claims every ``lease_s / 3``; on PostgreSQL the lapse
+watcher sleeps until the earliest claim another process holds runs out and takes that run over
+(its process died). A process that is told to stop lets its runs finish for a while
+(:meth:`Takeover.drain`), then releases the rest (``Store.release_runs``) and says so (a
+``released`` control message): the other processes take them over at once, from their last
+checkpoint, instead of when the lease lapses. On SQLite (one process) the next start claims
+every unfinished run.
 
 :class:`~tether.runtime.Runtime` is a :class:`Takeover`: this part of it is kept here.
 """
@@ -152,12 +153,12 @@ class Takeover:
             while claimed := await self.store.claim_abandoned():
                 await self._recover_runs(claimed)
         except Exception:
-            log.exception("taking over released runs failed; the lease keeper retries")
+            log.exception("taking over released runs failed; the lapse watcher retries")
 
     async def _recover(self) -> None:
         """At start-up, take the runs a dead process left. On SQLite (one process) that is
         every run needing an executor; on PostgreSQL, only those whose claim has lapsed (other
-        live processes keep theirs), and the lease keeper goes on looking."""
+        live processes keep theirs), and the lapse watcher goes on looking."""
         claimed = await (self.store.claim_all_active() if self.store.is_sqlite else self.store.claim_abandoned())
         await self._recover_runs(claimed)
 

@@ -6,8 +6,8 @@ events waiting for a reader that does not keep up are capped by the bus
 (``Limits.stream_buffer_bytes``); a reader that falls further behind gets a final comment
 saying so and the stream ends, and the client resumes from its ``Last-Event-ID`` (the log has
 every event, so nothing is lost). When the process begins to shut down, every stream ends the
-same way, with a comment saying so (:func:`stopping_comment`). Sends are bounded by the socket's flow control: a reader
-that does not read holds one chunk, not the run.
+same way, with a comment saying so (:func:`stopping_comment`). Sends are bounded by the
+socket's flow control: a reader that does not read holds one chunk, not the run.
 """
 
 from __future__ import annotations
