@@ -166,6 +166,9 @@ async def test_a_process_stopped_mid_run_hands_it_to_another_at_once_not_when_it
             final = await on_b.get_run(run_id)
             log = await on_b.events(run_id, after_seq=0, limit=1000)
             path = await on_b.messages(thread_id)
+        async with httpx.AsyncClient(base_url=b.url, timeout=10) as http:
+            metrics = (await http.get("/metrics")).text
+    assert "tether_runs_taken_over_total 1.0" in metrics.splitlines()  # operators see the hand-over
     assert [e.seq for e in log] == list(range(1, len(log) + 1)) and [e.seq for e in rest] == [e.seq for e in log[resumed_from:]]
     assert rest[-1].type == "done" and final["status"] == "completed"
     [recovering] = [e for e in log if e.type == "status" and e.data["stage"] == "recovering"]

@@ -79,6 +79,7 @@ class Runtime(Takeover):
         self._closing = False
         self._draining = False
         self._drain_cut = asyncio.Event()
+        self.taken_over = 0
         #: Set by :meth:`open`: then :meth:`aclose` also closes the bus and the store.
         self._owns_store = False
         #: Tokens consumed by the model calls this process made (a counter for ``/metrics``).

@@ -42,6 +42,8 @@ class Takeover:
     _executors: dict[str, RunExecutor]
     _run_tasks: dict[str, asyncio.Task[None]]
     _closing: bool
+    #: Runs this process took over since it started (a counter for ``/metrics``).
+    taken_over: int
     #: True once the process is stopping (:meth:`drain`): it takes over no more runs.
     _draining: bool
     #: Set to stop :meth:`drain` waiting (the process was told to stop at once).
@@ -168,4 +170,5 @@ class Takeover:
         its ``cancelled`` end). ``waiting_human`` runs need nothing: they live in the store."""
         for run in claimed:
             self.launch(run, takeover=run.status != "queued")
+            self.taken_over += 1
             log.info("took over run %s (was %s)", run.id, run.status)

@@ -2,7 +2,7 @@
 
 Counts that live in the database (runs by status, pending interrupts) are read at scrape
 time; in-process figures (executing runs, open event streams, events published and the transactions
-that committed them, model tokens consumed) come from the runtime. Each application has its own registry, so several apps in one process do not clash.
+that committed them, model tokens consumed, runs taken over) come from the runtime. Each application has its own registry, so several apps in one process do not clash.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class _Snapshot(Collector):
         self.event_commits = 0
         self.input_tokens = 0
         self.output_tokens = 0
+        self.taken_over = 0
 
     def collect(self) -> Iterator[Metric]:
         runs = GaugeMetricFamily("tether_runs", "Runs in the database by status.", labels=["status"])
@@ -52,6 +53,11 @@ class _Snapshot(Collector):
         tokens.add_metric(["input"], self.input_tokens)
         tokens.add_metric(["output"], self.output_tokens)
         yield tokens
+        yield CounterMetricFamily(
+            "tether_runs_taken_over",
+            "Runs this process took over: from a process that died or was stopped, or left unfinished by the previous start.",
+            value=self.taken_over,
+        )
 
 
 def _snapshot_of(request: Request) -> tuple[CollectorRegistry, _Snapshot]:
@@ -79,4 +85,5 @@ async def metrics(request: Request) -> Response:
     snapshot.event_commits = runtime.writer.transactions
     snapshot.input_tokens = runtime.tokens.input_tokens
     snapshot.output_tokens = runtime.tokens.output_tokens
+    snapshot.taken_over = runtime.taken_over
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
