@@ -19,6 +19,7 @@ into ``tests/.node/`` (git-ignored) and injected into the page by the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -78,9 +79,9 @@ def browser() -> Iterator[Browser]:
             browser.close()
 
 
-@pytest.fixture
-def page(browser: Browser, server: LiveServer) -> Iterator[Page]:
-    """A fresh browser context; closed before the server stops (so no stream holds it up)."""
+@contextlib.contextmanager
+def fresh_page(browser: Browser) -> Iterator[Page]:
+    """A page in a fresh browser context, closed at the end; fails on a JavaScript error."""
     context = browser.new_context(viewport=DESKTOP, color_scheme="light")
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
@@ -91,6 +92,13 @@ def page(browser: Browser, server: LiveServer) -> Iterator[Page]:
     finally:
         context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+@pytest.fixture
+def page(browser: Browser, server: LiveServer) -> Iterator[Page]:
+    """A fresh page; closed before the server stops (so no stream holds it up)."""
+    with fresh_page(browser) as page:
+        yield page
 
 
 @pytest.fixture
@@ -526,12 +534,7 @@ def test_a_server_stopped_mid_answer_shows_reconnecting_and_its_restart_finishes
 ) -> None:
     first = start_server(processes, tmp_path, "--drain-seconds", "0")
     assert first.proc is not None
-    context = browser.new_context(viewport=DESKTOP, color_scheme="light")
-    context.set_default_timeout(TIMEOUT_MS)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
+    with fresh_page(browser) as page:
         page.goto(first.url + "/")
         expect(page.locator("body")).to_have_attribute("data-ready", "true")
         send(page, script({"tokens": 300, "delay_ms": 20}))
@@ -559,9 +562,6 @@ def test_a_server_stopped_mid_answer_shows_reconnecting_and_its_restart_finishes
         assert final["content"] == expected
         assert report["streamedText"][final["id"]] == expected, "the page kept tokens of the discarded answer, or lost some"
         expect(page.locator(f"#chat .msg[data-id='{final['id']}'] .text")).to_have_text(expected)
-    finally:
-        context.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
 
 
 CUT_STREAMS_JS = """
