@@ -1184,8 +1184,13 @@ async def test_after_postgresql_closed_every_pooled_connection_the_next_operatio
         pooled: set[Any] = set()  # the asyncpg connections the store checks out
         sa.event.listen(store.engine.sync_engine, "checkout", lambda dbapi_conn, _record, _proxy: pooled.add(dbapi_conn.driver_connection))
         thread = await store.create_thread(owner="alice")
-        # Fill the pool with idle connections: ten operations at once check out ten of them.
+        # Fill the pool with idle connections: ten operations at once check out ten of them;
+        # and the direct pool of the event log's statements (``_pgdirect``) too.
         await asyncio.gather(*(store.get_thread(thread.id) for _ in range(10)))
+        run, _, _ = await start_run(store, thread)
+        assert await asyncio.gather(*(store.last_seq(run.id) for _ in range(5))) == [1] * 5
+        assert store._direct is not None and store._direct._pool is not None
+        direct = [holder._con for holder in store._direct._pool._holders if holder._con is not None]
         admin = await asyncpg.connect(pg_db_url)
         try:
             # The server ends every other connection to this database (as a restart would).
@@ -1201,16 +1206,17 @@ async def test_after_postgresql_closed_every_pooled_connection_the_next_operatio
         # The event loop reads each ended connection's last message and then its end, an
         # iteration or two apart; wait until the store's side has seen every one of them end
         # (asyncpg's own state of the pooled connections, read here only to know when).
-        assert len(pooled) >= 2
+        assert len(pooled) >= 2 and len(direct) >= 2
         with anyio.fail_after(10):
-            while not all(conn.is_closed() for conn in pooled):
+            while not all(conn.is_closed() for conn in [*pooled, *direct]):
                 await asyncio.sleep(0)
         # No operation sees a dead connection: each is replaced when it is checked out.
         reads = await asyncio.gather(*(store.get_thread(thread.id) for _ in range(10)))
         assert {r.id for r in reads} == {thread.id}
-        run, _, _ = await start_run(store, thread)
         assert await store.mark_running(run.id)
         assert (await store.get_run(run.id)).status == "running"
+        await asyncio.gather(*(store.append_events(run.id, [stored(run.id, seq, Token(message_id="m", text=str(seq)))]) for seq in (2, 3, 4)))
+        assert [e.seq for e in await store.read_events(run.id)] == [1, 2, 3, 4]
 
 
 async def test_postgresql_connections_opened_for_a_burst_stay_open_for_the_next_one(pg_db_url: str) -> None:

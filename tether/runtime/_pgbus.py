@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..events import StoredEvent
+from ..store._engine import pg_dsn
 from ..store._notify import CONTROL_CHANNEL, EVENTS_CHANNEL, parse_control_payload, parse_events_payload
 from ._bus import LocalBus
 
@@ -170,7 +171,7 @@ async def open_bus(store: Store, max_pending_bytes: int) -> LocalBus:
     may share the database, so also hear what they commit and command (started here)."""
     if store.is_sqlite:
         return LocalBus(max_pending_bytes=max_pending_bytes)
-    dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = pg_dsn(store.engine)
     bus = PostgresBus(dsn, store.instance_id, read_events=_event_reader(store), max_pending_bytes=max_pending_bytes)
     await bus.start()
     return bus

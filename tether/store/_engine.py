@@ -26,9 +26,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._ids import new_id, utcnow
 from ..errors import Overloaded
+from ._pgdirect import DIRECT_CONNECTIONS, DirectPool
 from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 
-__all__ = ["StoreBase", "normalize_db_url", "Writing", "Reading"]
+__all__ = ["StoreBase", "normalize_db_url", "pg_dsn", "Writing", "Reading"]
 
 #: What a store operation writes through: the inline SQLite writer, or a PostgreSQL connection.
 Writing = InlineWriter | AsyncConnection
@@ -36,8 +37,9 @@ Writing = InlineWriter | AsyncConnection
 Reading = ThreadedReader | InlineReader | InlineWriter | AsyncConnection
 
 
-#: PostgreSQL connections one process (its store) uses at most.
-POOL_CONNECTIONS = 15
+#: PostgreSQL connections one process's SQLAlchemy pool uses at most; with the direct pool's
+#: (``_pgdirect``) and the bus's ``LISTEN`` connection, a process holds at most 16.
+POOL_CONNECTIONS = 15 - DIRECT_CONNECTIONS
 
 
 def normalize_db_url(url: str) -> str:
@@ -47,6 +49,11 @@ def normalize_db_url(url: str) -> str:
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         return "postgresql+asyncpg://" + url.split("://", 1)[1]
     return url
+
+
+def pg_dsn(engine: AsyncEngine) -> str:
+    """The libpq-style URL of a PostgreSQL engine's database, for connecting with asyncpg itself."""
+    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def _refuse_closed_connection(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
@@ -74,6 +81,8 @@ class StoreBase:
         #: SQLite: the store's own synchronous connections (``_sqlite``), opened once the schema
         #: is there; the async engine then only serves migrations and agents' own tables.
         self._sqlite: SQLiteConnections | None = None
+        #: PostgreSQL: the event log's per-token statements, on asyncpg directly (``_pgdirect``).
+        self._direct: DirectPool | None = None if self.is_sqlite else DirectPool(pg_dsn(engine))
         #: This process's identity: it owns the runs it executes (``runs.executor_id``) and
         #: tags its notifications so it can ignore its own.
         self.instance_id = new_id("proc")
@@ -160,6 +169,8 @@ class StoreBase:
         """Close the connections."""
         if self._sqlite is not None:
             await asyncio.to_thread(self._sqlite.close)
+        if self._direct is not None:
+            await self._direct.aclose()
         await self.engine.dispose()
 
     # -- connections -----------------------------------------------------------------------

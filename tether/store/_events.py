@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..events import StoredEvent
 from . import _notify as channels
 from ._engine import Reading, StoreBase, Writing
+from ._pgdirect import INSERT_AND_NOTIFY, insert_and_notify_args
 from ._tables import Hot, events
 
 __all__ = ["EventStore"]
@@ -41,21 +42,25 @@ class EventStore(StoreBase):
             async with self._write_lock:
                 await self._sqlite.write_in_thread(lambda conn: _insert_events_sqlite(conn, batches))
             return
-        async with self._writing() as conn:
-            if self.is_sqlite:  # an in-memory database, on the async driver's connection
-                assert isinstance(conn, AsyncConnection)
-                await conn.run_sync(lambda sync_conn: _insert_events_sqlite(sync_conn, batches))
-            else:
-                await self._insert_events_postgres(conn, batches)
+        if self._direct is not None:
+            await self._direct.append_event_batches(self.instance_id, batches)
+            return
+        async with self._writing() as conn:  # an in-memory SQLite database, on the async driver's connection
+            assert isinstance(conn, AsyncConnection)
+            await conn.run_sync(lambda sync_conn: _insert_events_sqlite(sync_conn, batches))
 
     async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with ``seq > after_seq``, in order."""
+        if self._direct is not None:
+            return await self._direct.read_events(run_id, after_seq, limit)
         async with self._reading() as conn:
             rows = await conn.execute(_READ_EVENTS, {"run_id": run_id, "after_seq": after_seq, "limit": limit})
             return [StoredEvent(seq, type_, envelope) for seq, type_, envelope in rows]
 
     async def last_seq(self, run_id: str) -> int:
         """The highest ``seq`` of a run (0 if none)."""
+        if self._direct is not None:
+            return await self._direct.last_seq(run_id)
         async with self._point_reading() as conn:
             return await _last_seq(conn, run_id)
 
@@ -77,21 +82,9 @@ class EventStore(StoreBase):
         await conn.execute(Hot.insert_event, rows[0] if len(rows) == 1 else rows)
 
     async def _insert_events_postgres(self, conn: Writing, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
-        """Insert the batches and announce each run's newest seq (one notification for them
-        all), in one statement: one round trip, one prepared statement whatever the number of
-        rows (the rows travel as arrays)."""
-        rows = [(run_id, e) for run_id, batch in batches for e in batch]
-        await conn.execute(
-            _INSERT_AND_NOTIFY,
-            {
-                "run_ids": [run_id for run_id, _e in rows],
-                "seqs": [e.seq for _run_id, e in rows],
-                "types": [e.type for _run_id, e in rows],
-                "envelopes": [e.envelope for _run_id, e in rows],
-                "channel": channels.EVENTS_CHANNEL,
-                "payloads": channels.events_payloads(self.instance_id, [(run_id, batch[-1].seq) for run_id, batch in batches if batch]),
-            },
-        )
+        """Insert the batches and announce each run's newest seq, in the caller's transaction:
+        the group commit's statement (``_pgdirect``), on the caller's connection."""
+        await conn.exec_driver_sql(INSERT_AND_NOTIFY, insert_and_notify_args(self.instance_id, batches))
 
     @staticmethod
     async def _next_seq(conn: Reading, run_id: str) -> int:
@@ -115,23 +108,6 @@ async def _last_seq(conn: Reading, run_id: str) -> int:
 
 async def _notify(conn: Writing, channel: str, payload: str) -> None:
     await conn.execute(sa.select(sa.func.pg_notify(channel, payload)))
-
-
-#: PostgreSQL: insert events given as column arrays and send a ``tether_events`` notification
-#: per payload (one per commit, see ``_notify``), in one statement. A data-modifying ``WITH``
-#: runs exactly once whether or not the outer query reads it; the notifications are delivered
-#: on commit.
-_INSERT_AND_NOTIFY = sa.text(
-    f"WITH inserted AS (INSERT INTO {events.name} (run_id, seq, type, envelope)"
-    " SELECT * FROM unnest(:run_ids, :seqs, :types, :envelopes))"
-    " SELECT pg_notify(:channel, p) FROM unnest(:payloads) AS p"
-).bindparams(
-    sa.bindparam("run_ids", type_=sa.ARRAY(sa.String)),
-    sa.bindparam("seqs", type_=sa.ARRAY(sa.Integer)),
-    sa.bindparam("types", type_=sa.ARRAY(sa.String)),
-    sa.bindparam("envelopes", type_=sa.ARRAY(sa.Text)),
-    sa.bindparam("payloads", type_=sa.ARRAY(sa.Text)),
-)
 
 
 # Bound parameters one SQLite statement may take (SQLITE_MAX_VARIABLE_NUMBER: 999 before 3.32).
