@@ -757,6 +757,28 @@ async def test_a_duplicate_seq_is_refused_by_the_database_and_its_batch_written_
     assert await store.last_seq(run.id) == 3
 
 
+async def test_access_lookups_return_what_the_store_wrote_with_the_owner_and_reviewability(store: Store) -> None:
+    """The lookups every request's access check makes (on PostgreSQL through asyncpg directly)
+    give back the very records the writes returned: JSON as written, timestamps as aware UTC."""
+    metadata = {"title": "Ünïcode ✓", "tags": ["a", {"nested": [1, 2.5, None, True]}]}
+    thread = await store.create_thread(owner="alice", metadata=metadata)
+    run, message, _ = await start_run(store, thread, config={"approval_threshold": "reversible"})
+    found_thread = await store.find_thread(thread.id)
+    assert found_thread is not None
+    assert (found_thread.record.metadata, found_thread.owner, found_thread.reviewable) == (metadata, "alice", False)
+    assert found_thread.record.created_at == thread.created_at and found_thread.record.created_at.utcoffset() == timedelta(0)
+    found_run = await store.find_run(run.id)
+    assert found_run is not None and (found_run.thread_id, found_run.owner) == (thread.id, "alice")
+    assert found_run.record == await store.get_run(run.id)
+    assert (found_run.record.config, found_run.record.created_at, found_run.record.status) == ({"approval_threshold": "reversible"}, run.created_at, run.status)
+    found_message = await store.find_message(message.id)
+    assert found_message is not None and (found_message.record.content, found_message.record.created_at) == ("hello", message.created_at)
+    assert await store.mark_running(run.id)
+    await open_interrupt(store, run)
+    assert (await store.find_run(run.id)).reviewable is True  # type: ignore[union-attr]
+    assert await store.find_thread("thr_missing") is None and await store.find_run("run_missing") is None and await store.find_message("msg_missing") is None
+
+
 # -- interrupts --------------------------------------------------------------------------------
 
 

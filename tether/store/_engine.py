@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._ids import new_id, utcnow
 from ..errors import Overloaded
-from ._pgdirect import DIRECT_CONNECTIONS, DirectPool
+from ._pgdirect import DIRECT_CONNECTIONS, DirectPool, Prebuilt
 from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 
 __all__ = ["StoreBase", "normalize_db_url", "pg_dsn", "Writing", "Reading"]
@@ -205,6 +205,14 @@ class StoreBase:
             return
         async with self._reading() as conn:
             yield conn
+
+    async def _point_row(self, query: Prebuilt, params: dict[str, Any]) -> Any:
+        """The first row of a point read built once (a row by its key, a count over an index),
+        or None: on PostgreSQL on asyncpg directly, else through :meth:`_point_reading`."""
+        if self._direct is not None:
+            return await self._direct.first(query, params)
+        async with self._point_reading() as conn:
+            return (await conn.execute(query.statement, params)).first()
 
     @contextlib.asynccontextmanager
     async def _async_writing(self) -> AsyncIterator[AsyncConnection]:

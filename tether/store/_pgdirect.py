@@ -11,6 +11,11 @@ server's work per token on PostgreSQL:
 - a follower's (or the cross-process relay's) read of a run's new events;
 - a run's last seq.
 
+And every request makes one or two point reads before anything else (the access check's lookup
+of a thread, run or message with its owner; in ``keys`` mode the key's row), which cost it as
+much again. Those are :class:`Prebuilt` selects: SQLAlchemy Core statements built once at
+import, compiled once for asyncpg, with SQLAlchemy's own result processing per column.
+
 Each is one statement, atomic on its own, so each runs in autocommit (one round trip, no
 ``BEGIN``/``COMMIT``) on a small asyncpg pool of this process's, prepared once per connection
 (asyncpg's statement cache). Everything else, and every write inside a larger transaction,
@@ -25,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+import json
+from collections import namedtuple
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -38,7 +45,7 @@ from ._tables import events
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["DirectPool", "DIRECT_CONNECTIONS", "INSERT_AND_NOTIFY", "insert_and_notify_args"]
+__all__ = ["DirectPool", "Prebuilt", "DIRECT_CONNECTIONS", "INSERT_AND_NOTIFY", "insert_and_notify_args"]
 
 #: Connections of the direct pool (counted in the process's budget: ``_engine.POOL_CONNECTIONS``
 #: for SQLAlchemy plus these plus the bus's ``LISTEN`` connection).
@@ -77,6 +84,56 @@ _READ_EVENTS = f"SELECT seq, type, envelope FROM {events.name} WHERE run_id = $1
 _LAST_SEQ = f"SELECT max(seq) FROM {events.name} WHERE run_id = $1"
 
 
+class Prebuilt:
+    """A select built once (a module constant) for :meth:`DirectPool.first`: compiled for
+    asyncpg when first run (a SQLite server never loads PostgreSQL's dialect), with
+    SQLAlchemy's result processing of each column (e.g. timestamps as aware UTC datetimes)."""
+
+    def __init__(self, statement: sa.Select[Any]) -> None:
+        self.statement = statement
+        self._compiled: _Compiled | None = None
+
+    def compiled(self) -> _Compiled:
+        """The statement compiled for asyncpg (once)."""
+        if self._compiled is None:
+            self._compiled = _Compiled(self.statement)
+        return self._compiled
+
+
+class _Compiled:
+    """A select's SQL with ``$n`` parameters, their order, and its row type."""
+
+    def __init__(self, statement: sa.Select[Any]) -> None:
+        from sqlalchemy.dialects.postgresql.asyncpg import dialect
+
+        pg = dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy leaves this constructor untyped
+        compiled = statement.compile(dialect=pg)
+        if compiled.post_compile_params or compiled.literal_execute_params:
+            # Their SQL depends on the values (an IN list): SQLAlchemy's execution handles those.
+            raise ValueError("a Prebuilt query cannot have expanding or literal-execute parameters")
+        self.sql = compiled.string
+        self._compiled = compiled
+        self._order = tuple(compiled.positiontup or ())
+        columns = list(statement.selected_columns)
+        self._processors: list[Callable[[Any], Any] | None] = [column.type.result_processor(pg, None) for column in columns]
+        self._row = namedtuple("Row", [column.key for column in columns], rename=True)  # type: ignore[misc]  # fields known at run time
+
+    def args(self, params: dict[str, Any]) -> list[Any]:
+        """The positional parameters: ``params`` and the statement's own literals, in order."""
+        values = self._compiled.construct_params(params)
+        return [values[name] for name in self._order]
+
+    def row(self, record: Sequence[Any]) -> Any:
+        """A row with attribute access, each value processed as SQLAlchemy would."""
+        return self._row(*(value if process is None else process(value) for process, value in zip(self._processors, record, strict=True)))
+
+
+async def _json_codec(conn: asyncpg.Connection) -> None:
+    """Decode ``json`` columns as SQLAlchemy's asyncpg dialect does (it decodes them in a codec
+    of the connection, not in its result processing)."""
+    await conn.set_type_codec("json", encoder=str.encode, decoder=lambda raw: json.loads(raw.decode()), schema="pg_catalog", format="binary")
+
+
 async def _keep_session(_conn: asyncpg.Connection) -> None:
     """Nothing to reset at release (see :meth:`DirectPool._opened`)."""
 
@@ -101,7 +158,9 @@ class DirectPool:
                     # reset query at each release (asyncpg's default sends ``RESET ALL`` and
                     # more, a round trip): these statements leave no session state behind (an
                     # open transaction would still be rolled back).
-                    self._pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=self._size, max_inactive_connection_lifetime=0, reset=_keep_session)
+                    self._pool = await asyncpg.create_pool(
+                        self._dsn, min_size=0, max_size=self._size, max_inactive_connection_lifetime=0, reset=_keep_session, init=_json_codec
+                    )
         return self._pool
 
     @contextlib.asynccontextmanager
@@ -138,6 +197,13 @@ class DirectPool:
         async with self._connection() as conn:
             value = await conn.fetchval(_LAST_SEQ, run_id)
         return int(value or 0)
+
+    async def first(self, query: Prebuilt, params: dict[str, Any]) -> Any:
+        """The first row of ``query`` with ``params`` (attribute access, as SQLAlchemy's), or None."""
+        compiled = query.compiled()
+        async with self._connection() as conn:
+            record = await conn.fetchrow(compiled.sql, *compiled.args(params))
+        return None if record is None else compiled.row(record)
 
     async def aclose(self) -> None:
         """Close every connection (waiting for statements under way)."""
