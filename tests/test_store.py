@@ -1199,18 +1199,52 @@ def test_the_head_revision_is_the_newest_migration_and_a_store_at_head_does_not_
     assert (first.stdout.strip(), again.stdout.strip()) == ("True", "False")  # migrated once, then only checked
 
 
+async def test_closing_a_postgresql_store_does_not_wait_forever_for_a_connection_never_given_back(pg_db_url: str) -> None:
+    """A connection of the direct pool held by a task that never resumes (its loop was
+    interrupted, say) must not hold the store's close, and so the process's exit."""
+    store = await Store.open(pg_db_url)
+    holding = anyio.Event()
+    never = anyio.Event()
+
+    async def hold() -> None:
+        async with store._reading() as conn:  # a direct connection, checked out
+            await conn.execute(sa.select(sa.literal(1)))
+            holding.set()
+            await never.wait()
+
+    holder = asyncio.create_task(hold())
+    try:
+        with anyio.fail_after(10):
+            await holding.wait()
+            await store.aclose()  # gives up waiting for the held connection and closes it
+    finally:
+        holder.cancel()
+        with contextlib.suppress(BaseException):
+            await holder
+
+
 async def test_after_postgresql_closed_every_pooled_connection_the_next_operations_succeed(pg_db_url: str) -> None:
     import asyncpg
 
     async with another_store(pg_db_url) as store:
-        pooled: set[Any] = set()  # the asyncpg connections the store checks out
+        # SQLAlchemy's pool serves agents' own tables (``Store.connection()``), the direct pool
+        # (``_pgdirect``) the store's own operations: fill both with idle connections.
+        pooled: set[Any] = set()  # the asyncpg connections SQLAlchemy's pool checks out
         sa.event.listen(store.engine.sync_engine, "checkout", lambda dbapi_conn, _record, _proxy: pooled.add(dbapi_conn.driver_connection))
+        all_out = anyio.Event()
+
+        async def hold() -> None:
+            async with store.connection() as conn:
+                await conn.execute(sa.select(sa.literal(1)))
+                if len(pooled) == 3:
+                    all_out.set()
+                await all_out.wait()
+
+        with anyio.fail_after(10):
+            await asyncio.gather(*(hold() for _ in range(3)))
         thread = await store.create_thread(owner="alice")
-        # Fill the pool with idle connections: ten operations at once check out ten of them;
-        # and the direct pool of the event log's statements (``_pgdirect``) too.
-        await asyncio.gather(*(store.get_thread(thread.id) for _ in range(10)))
+        await asyncio.gather(*(store.get_thread(thread.id) for _ in range(10)))  # ten at once: ten connections
         run, _, _ = await start_run(store, thread)
-        assert await asyncio.gather(*(store.last_seq(run.id) for _ in range(5))) == [1] * 5
         assert store._direct is not None and store._direct._pool is not None
         direct = [holder._con for holder in store._direct._pool._holders if holder._con is not None]
         admin = await asyncpg.connect(pg_db_url)
@@ -1228,7 +1262,7 @@ async def test_after_postgresql_closed_every_pooled_connection_the_next_operatio
         # The event loop reads each ended connection's last message and then its end, an
         # iteration or two apart; wait until the store's side has seen every one of them end
         # (asyncpg's own state of the pooled connections, read here only to know when).
-        assert len(pooled) >= 2 and len(direct) >= 2
+        assert len(pooled) == 3 and len(direct) >= 2
         with anyio.fail_after(10):
             while not all(conn.is_closed() for conn in [*pooled, *direct]):
                 await asyncio.sleep(0)
@@ -1239,6 +1273,8 @@ async def test_after_postgresql_closed_every_pooled_connection_the_next_operatio
         assert (await store.get_run(run.id)).status == "running"
         await asyncio.gather(*(store.append_events(run.id, [stored(run.id, seq, Token(message_id="m", text=str(seq)))]) for seq in (2, 3, 4)))
         assert [e.seq for e in await store.read_events(run.id)] == [1, 2, 3, 4]
+        async with store.connection() as conn:  # and agents' own connections too
+            assert (await conn.execute(sa.select(sa.literal(7)))).scalar_one() == 7
 
 
 async def test_postgresql_connections_opened_for_a_burst_stay_open_for_the_next_one(pg_db_url: str) -> None:

@@ -26,19 +26,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from .._ids import new_id, utcnow
 from ..errors import Overloaded
-from ._pgdirect import DIRECT_CONNECTIONS, DirectPool, Prebuilt
+from ._pgdirect import DIRECT_CONNECTIONS, DirectConnection, DirectPool
 from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 
 __all__ = ["StoreBase", "normalize_db_url", "pg_dsn", "Writing", "Reading"]
 
-#: What a store operation writes through: the inline SQLite writer, or a PostgreSQL connection.
-Writing = InlineWriter | AsyncConnection
+#: What a store operation writes through: the inline SQLite writer, a PostgreSQL connection of
+#: the direct pool, or (an in-memory SQLite database) the async driver's connection.
+Writing = InlineWriter | DirectConnection | AsyncConnection
 #: What a store operation reads through.
-Reading = ThreadedReader | InlineReader | InlineWriter | AsyncConnection
+Reading = ThreadedReader | InlineReader | InlineWriter | DirectConnection | AsyncConnection
 
 
-#: PostgreSQL connections one process's SQLAlchemy pool uses at most; with the direct pool's
-#: (``_pgdirect``) and the bus's ``LISTEN`` connection, a process holds at most 16.
+#: PostgreSQL connections one process's SQLAlchemy pool uses at most (migrations and agents' own
+#: tables); with the direct pool's (``_pgdirect``: the store's own operations) and the bus's
+#: ``LISTEN`` connection, a process holds at most 16.
 POOL_CONNECTIONS = 15 - DIRECT_CONNECTIONS
 
 
@@ -81,7 +83,7 @@ class StoreBase:
         #: SQLite: the store's own synchronous connections (``_sqlite``), opened once the schema
         #: is there; the async engine then only serves migrations and agents' own tables.
         self._sqlite: SQLiteConnections | None = None
-        #: PostgreSQL: the event log's per-token statements, on asyncpg directly (``_pgdirect``).
+        #: PostgreSQL: the store's own operations, on asyncpg directly (``_pgdirect``).
         self._direct: DirectPool | None = None if self.is_sqlite else DirectPool(pg_dsn(engine))
         #: This process's identity: it owns the runs it executes (``runs.executor_id``) and
         #: tags its notifications so it can ignore its own.
@@ -178,6 +180,10 @@ class StoreBase:
     @contextlib.asynccontextmanager
     async def _writing(self) -> AsyncIterator[Writing]:
         """A write transaction for the store's own operations."""
+        if self._direct is not None:
+            async with self._direct.transaction() as direct:
+                yield direct
+            return
         if self._sqlite is None:
             async with self._async_writing() as conn:
                 yield conn
@@ -193,6 +199,10 @@ class StoreBase:
         if self._sqlite is not None:
             yield self._sqlite.reader
             return
+        if self._direct is not None:
+            async with self._direct.connection() as direct:
+                yield direct
+            return
         async with self._async_reading(autocommit=True) as conn:
             yield conn
 
@@ -205,14 +215,6 @@ class StoreBase:
             return
         async with self._reading() as conn:
             yield conn
-
-    async def _point_row(self, query: Prebuilt, params: dict[str, Any]) -> Any:
-        """The first row of a point read built once (a row by its key, a count over an index),
-        or None: on PostgreSQL on asyncpg directly, else through :meth:`_point_reading`."""
-        if self._direct is not None:
-            return await self._direct.first(query, params)
-        async with self._point_reading() as conn:
-            return (await conn.execute(query.statement, params)).first()
 
     @contextlib.asynccontextmanager
     async def _async_writing(self) -> AsyncIterator[AsyncConnection]:

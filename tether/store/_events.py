@@ -4,6 +4,11 @@ processes (PostgreSQL ``NOTIFY``) that there are new ones.
 Every write of events here also announces them in the same transaction, so on PostgreSQL the
 notification is delivered on commit and never announces an event that is not durable. A single
 SQLite process has no one to tell.
+
+On PostgreSQL the three statements that run for every commit of events and every follower's
+catch-up (the insert with its ``NOTIFY``, the read of new events, a run's last seq) are SQL of
+their own, prepared once per connection, each one statement in autocommit where it stands alone:
+one round trip, and none of the per-statement work of compiling a Core statement's values.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..events import StoredEvent
 from . import _notify as channels
 from ._engine import Reading, StoreBase, Writing
-from ._pgdirect import INSERT_AND_NOTIFY, insert_and_notify_args
+from ._pgdirect import DirectConnection
 from ._tables import Hot, events
 
 __all__ = ["EventStore"]
@@ -43,7 +48,9 @@ class EventStore(StoreBase):
                 await self._sqlite.write_in_thread(lambda conn: _insert_events_sqlite(conn, batches))
             return
         if self._direct is not None:
-            await self._direct.append_event_batches(self.instance_id, batches)
+            # One statement, atomic on its own: autocommit, one round trip.
+            async with self._direct.connection() as direct:
+                await self._insert_events_postgres(direct, batches)
             return
         async with self._writing() as conn:  # an in-memory SQLite database, on the async driver's connection
             assert isinstance(conn, AsyncConnection)
@@ -51,16 +58,16 @@ class EventStore(StoreBase):
 
     async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with ``seq > after_seq``, in order."""
-        if self._direct is not None:
-            return await self._direct.read_events(run_id, after_seq, limit)
         async with self._reading() as conn:
-            rows = await conn.execute(_READ_EVENTS, {"run_id": run_id, "after_seq": after_seq, "limit": limit})
+            rows: Any
+            if isinstance(conn, DirectConnection):
+                rows = await conn.exec_driver_sql(_READ_EVENTS_PG, (run_id, after_seq, limit))
+            else:
+                rows = await conn.execute(_READ_EVENTS, {"run_id": run_id, "after_seq": after_seq, "limit": limit})
             return [StoredEvent(seq, type_, envelope) for seq, type_, envelope in rows]
 
     async def last_seq(self, run_id: str) -> int:
         """The highest ``seq`` of a run (0 if none)."""
-        if self._direct is not None:
-            return await self._direct.last_seq(run_id)
         async with self._point_reading() as conn:
             return await _last_seq(conn, run_id)
 
@@ -82,9 +89,21 @@ class EventStore(StoreBase):
         await conn.execute(Hot.insert_event, rows[0] if len(rows) == 1 else rows)
 
     async def _insert_events_postgres(self, conn: Writing, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
-        """Insert the batches and announce each run's newest seq, in the caller's transaction:
-        the group commit's statement (``_pgdirect``), on the caller's connection."""
-        await conn.exec_driver_sql(INSERT_AND_NOTIFY, insert_and_notify_args(self.instance_id, batches))
+        """Insert the batches and announce each run's newest seq (one notification for them
+        all), in one statement: one round trip, one prepared statement whatever the number of
+        rows (they travel as arrays)."""
+        rows = [(run_id, e) for run_id, batch in batches for e in batch]
+        await conn.exec_driver_sql(
+            _INSERT_AND_NOTIFY_PG,
+            (
+                [run_id for run_id, _e in rows],
+                [e.seq for _run_id, e in rows],
+                [e.type for _run_id, e in rows],
+                [e.envelope for _run_id, e in rows],
+                channels.EVENTS_CHANNEL,
+                channels.events_payloads(self.instance_id, [(run_id, batch[-1].seq) for run_id, batch in batches if batch]),
+            ),
+        )
 
     @staticmethod
     async def _next_seq(conn: Reading, run_id: str) -> int:
@@ -101,8 +120,25 @@ _READ_EVENTS = (
 )
 
 
+#: PostgreSQL: the same read, and the two other statements of every commit of events, as SQL
+#: of their own (the module docstring says why).
+_READ_EVENTS_PG = f"SELECT seq, type, envelope FROM {events.name} WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+_LAST_SEQ_PG = f"SELECT max(seq) FROM {events.name} WHERE run_id = $1"
+#: Insert events given as column arrays and send a ``tether_events`` notification per payload
+#: (one per commit, see ``_notify``), in one statement: a data-modifying ``WITH`` runs exactly
+#: once whether or not the outer query reads it; the notifications are delivered on commit.
+_INSERT_AND_NOTIFY_PG = (
+    f"WITH inserted AS (INSERT INTO {events.name} (run_id, seq, type, envelope)"
+    " SELECT * FROM unnest($1::varchar[], $2::int[], $3::varchar[], $4::text[]))"
+    " SELECT pg_notify($5, p) FROM unnest($6::text[]) AS p"
+)
+
+
 async def _last_seq(conn: Reading, run_id: str) -> int:
-    value = (await conn.execute(sa.select(sa.func.max(events.c.seq)).where(events.c.run_id == run_id))).scalar()
+    if isinstance(conn, DirectConnection):
+        value = (await conn.exec_driver_sql(_LAST_SEQ_PG, (run_id,))).scalar()
+    else:
+        value = (await conn.execute(sa.select(sa.func.max(events.c.seq)).where(events.c.run_id == run_id))).scalar()
     return int(value or 0)
 
 

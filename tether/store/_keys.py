@@ -20,12 +20,9 @@ import secrets
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-import sqlalchemy as sa
-
 from .._ids import new_id, utcnow
 from ..errors import FieldError, InvalidRequest
 from ._engine import StoreBase
-from ._pgdirect import Prebuilt
 from ._records import ROLES, AuditEntry, KeyRecord, Principal, key_record
 from ._tables import api_keys, audit
 
@@ -68,10 +65,6 @@ def _check_roles(roles: Sequence[str]) -> tuple[str, ...]:
             fields=[FieldError(("roles",), f"one or more of {list(ROLES)}", "invalid_roles")],
         )
     return tuple(r for r in ROLES if r in roles)  # canonical order, no duplicates
-
-
-#: Every request in ``keys`` mode reads its key's row (``_engine.StoreBase._point_row``).
-_KEY_BY_HASH = Prebuilt(api_keys.select().where(api_keys.c.key_hash == sa.bindparam("key_hash")))
 
 
 class KeyStore(StoreBase):
@@ -129,7 +122,8 @@ class KeyStore(StoreBase):
         if not looks_like_key(key):
             return None
         digest = _hash(key)
-        row = await self._point_row(_KEY_BY_HASH, {"key_hash": digest})
+        async with self._reading() as conn:
+            row = (await conn.execute(api_keys.select().where(api_keys.c.key_hash == digest))).first()
         if row is None or not hmac.compare_digest(row.key_hash, digest):
             return None
         record = key_record(row)

@@ -16,7 +16,6 @@ from typing import Any, Generic, TypeVar
 import sqlalchemy as sa
 
 from ._engine import StoreBase
-from ._pgdirect import Prebuilt
 from ._records import MessageRecord, RunRecord, ThreadRecord, message_record, run_record, thread_record
 from ._tables import interrupts, messages, runs, threads
 
@@ -50,8 +49,8 @@ def _in_thread_query(table: sa.Table) -> sa.Select[Any]:
 
 
 # Built once: every request checks access with one of these.
-_THREAD_QUERY = Prebuilt(sa.select(threads, _reviewable(threads.c.id)).where(threads.c.id == sa.bindparam("row_id")))
-_IN_THREAD_QUERIES = {table.name: Prebuilt(_in_thread_query(table)) for table in (runs, messages)}
+_THREAD_QUERY = sa.select(threads, _reviewable(threads.c.id)).where(threads.c.id == sa.bindparam("row_id"))
+_IN_THREAD_QUERIES = {table.name: _in_thread_query(table) for table in (runs, messages)}
 
 
 class LookupStore(StoreBase):
@@ -59,7 +58,8 @@ class LookupStore(StoreBase):
 
     async def find_thread(self, thread_id: str) -> Found[ThreadRecord] | None:
         """A thread, its owner and whether it has interrupts; None if missing."""
-        row = await self._point_row(_THREAD_QUERY, {"row_id": thread_id})
+        async with self._point_reading() as conn:
+            row = (await conn.execute(_THREAD_QUERY, {"row_id": thread_id})).first()
         return None if row is None else Found(thread_record(row), row.id, row.owner, bool(row.tether_reviewable))
 
     async def find_run(self, run_id: str) -> Found[RunRecord] | None:
@@ -73,5 +73,6 @@ class LookupStore(StoreBase):
     async def _find_in_thread(self, table: sa.Table, row_id: str, to_record: Callable[[Any], R]) -> Found[R] | None:
         """A row of ``table`` (which has ``thread_id``) with its thread's owner and whether that
         thread has interrupts, in one query."""
-        row = await self._point_row(_IN_THREAD_QUERIES[table.name], {"row_id": row_id})
+        async with self._point_reading() as conn:
+            row = (await conn.execute(_IN_THREAD_QUERIES[table.name], {"row_id": row_id})).first()
         return None if row is None else Found(to_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))

@@ -25,7 +25,6 @@ from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadB
 from ..events import Envelope, RunStarted, Status, StoredEvent
 from ._engine import Writing
 from ._events import EventStore
-from ._pgdirect import Prebuilt
 from ._records import (
     ACTIVE_RUN_STATUSES,
     EXECUTOR_RUN_STATUSES,
@@ -60,10 +59,6 @@ class CreatedRun:
     events: list[StoredEvent]
     #: The first model turn's empty, ``partial`` assistant message (None for a queued run).
     first_turn: MessageRecord | None
-
-
-#: The point read of every status check of a run (``_engine.StoreBase._point_row``).
-_RUN_BY_ID = Prebuilt(Hot.run_by_id)
 
 
 class RunStore(EventStore):
@@ -178,7 +173,8 @@ class RunStore(EventStore):
 
     async def get_run(self, run_id: str) -> RunRecord:
         """Read a run; :class:`NotFound` if missing."""
-        row = await self._point_row(_RUN_BY_ID, {"run_id": run_id})
+        async with self._point_reading() as conn:
+            row = (await conn.execute(Hot.run_by_id, {"run_id": run_id})).first()
         if row is None:
             raise NotFound(f"run {run_id!r} not found", code="run_not_found")
         return run_record(row)
