@@ -3,7 +3,7 @@
 SQLAlchemy's asyncio layer costs the event loop 0.3–0.6 ms of CPU per statement on PostgreSQL
 (the greenlet hop into its synchronous core, the pool's checkout and checkin with their events,
 the execution context, result processing), several times what asyncpg takes for the statement
-itself (``docs/benchmarks.md``, "PostgreSQL on asyncpg directly"). A run's start makes about
+itself (``docs/benchmarks.md``, "Eighth stage: PostgreSQL on asyncpg directly"). A run's start makes about
 ten statements, every commit of events and every request's access check one or two: on
 PostgreSQL that layer was most of the server's work.
 
