@@ -76,10 +76,6 @@ class StoreBase:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.is_sqlite = engine.dialect.name == "sqlite"
-        #: The same pool, for the store's own reads on PostgreSQL: each statement is its own
-        #: transaction. Under READ COMMITTED a statement sees the newest commit either way, and
-        #: a read costs one round trip instead of three (``BEGIN``, the query, ``ROLLBACK``).
-        self._read_engine = engine if self.is_sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
         #: SQLite: the store's own synchronous connections (``_sqlite``), opened once the schema
         #: is there; the async engine then only serves migrations and agents' own tables.
         self._sqlite: SQLiteConnections | None = None
@@ -203,7 +199,7 @@ class StoreBase:
             async with self._direct.connection() as direct:
                 yield direct
             return
-        async with self._async_reading(autocommit=True) as conn:
+        async with self._async_reading() as conn:  # an in-memory SQLite database
             yield conn
 
     @contextlib.asynccontextmanager
@@ -224,10 +220,10 @@ class StoreBase:
             yield await _checked_out(stack, self.engine.begin())
 
     @contextlib.asynccontextmanager
-    async def _async_reading(self, *, autocommit: bool = False) -> AsyncIterator[AsyncConnection]:
-        """A pooled connection; with ``autocommit`` each statement is its own transaction."""
+    async def _async_reading(self) -> AsyncIterator[AsyncConnection]:
+        """A pooled connection of SQLAlchemy's engine."""
         async with contextlib.AsyncExitStack() as stack:
-            yield await _checked_out(stack, (self._read_engine if autocommit else self.engine).connect())
+            yield await _checked_out(stack, self.engine.connect())
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A write transaction (serialised on SQLite), for an agent's own tables."""
