@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
-import sqlalchemy as sa
 
 from tether.events import Envelope, Token
 from tether.store import Store, StoredEvent
@@ -77,8 +77,8 @@ async def test_a_cancelled_group_commit_keeps_the_write_lock_until_its_transacti
     inside = threading.Event()
     release = threading.Event()
 
-    def slow_write(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("INSERT INTO events (run_id, seq, type, envelope) VALUES (?, 2, 'token', '{}')", (run_id,))
+    def slow_write(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO events (run_id, seq, type, envelope) VALUES (?, 2, 'token', '{}')", (run_id,))
         inside.set()
         release.wait(timeout=30)
 
@@ -122,7 +122,7 @@ async def test_reads_run_in_reader_threads_and_see_every_commit(store: Store) ->
     connections = store._sqlite
     assert connections is not None
 
-    def which_thread(conn: sa.Connection) -> None:
+    def which_thread(conn: sqlite3.Connection) -> None:
         seen_threads.add(threading.current_thread().name)
 
     await connections.read(which_thread)

@@ -14,7 +14,7 @@ one round trip, and none of the per-statement work of compiling a Core statement
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,6 +24,7 @@ from ..events import StoredEvent
 from . import _notify as channels
 from ._engine import Reading, StoreBase, Writing
 from ._pgdirect import DirectConnection
+from ._sqlite import run_sql
 from ._tables import Hot, events
 
 __all__ = ["EventStore"]
@@ -45,7 +46,7 @@ class EventStore(StoreBase):
         if self._sqlite is not None:
             assert self._write_lock is not None
             async with self._write_lock:
-                await self._sqlite.write_in_thread(lambda conn: _insert_events_sqlite(conn, batches))
+                await self._sqlite.write_in_thread(lambda raw: _insert_events_sqlite(lambda sql, params: run_sql(raw, sql, params), batches))
             return
         if self._direct is not None:
             # One statement, atomic on its own: autocommit, one round trip.
@@ -54,7 +55,7 @@ class EventStore(StoreBase):
             return
         async with self._writing() as conn:  # an in-memory SQLite database, on the async driver's connection
             assert isinstance(conn, AsyncConnection)
-            await conn.run_sync(lambda sync_conn: _insert_events_sqlite(sync_conn, batches))
+            await conn.run_sync(lambda sync_conn: _insert_events_sqlite(sync_conn.exec_driver_sql, batches))
 
     async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with ``seq > after_seq``, in order."""
@@ -152,8 +153,9 @@ _EVENT_COLUMNS = ("run_id", "seq", "type", "envelope")
 _SQLITE_EVENT_ROWS_PER_INSERT = min(_SQLITE_MAX_VARIABLES // len(_EVENT_COLUMNS), 2000)
 
 
-def _insert_events_sqlite(conn: sa.Connection, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
-    """Insert a batch with one multi-row ``INSERT`` per chunk, not an ``executemany``.
+def _insert_events_sqlite(execute: Callable[[str, tuple[Any, ...]], object], batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
+    """Insert a batch with one multi-row ``INSERT`` per chunk, not an ``executemany``
+    (``execute`` runs SQL with ``?`` parameters: ``sqlite3``'s, or SQLAlchemy's connection's).
 
     ``executemany`` binds and steps row by row, taking the GIL back for each row: while the
     event loop is busy (a model streaming tokens, which is exactly when batches are big), every
@@ -168,4 +170,4 @@ def _insert_events_sqlite(conn: sa.Connection, batches: Sequence[tuple[str, Sequ
         params: list[Any] = []
         for run_id, e in chunk:
             params += (run_id, e.seq, e.type, e.envelope)
-        conn.exec_driver_sql(head + ",".join(["(?,?,?,?)"] * len(chunk)), tuple(params))
+        execute(head + ",".join(["(?,?,?,?)"] * len(chunk)), tuple(params))

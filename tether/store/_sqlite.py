@@ -19,6 +19,10 @@ does not wait for the disk (only a checkpoint does). So the store's own work goe
   with its own connection: one hop per statement, rows fetched in the thread. Point reads (a row
   by its key, a count over an index: every request's access check, a run's status) take less
   than the hop would, and run on the loop's thread over a read connection of their own.
+- **Every statement runs on ``sqlite3`` itself**: the store's Core statements are compiled once
+  per shape by SQLAlchemy's SQLite dialect (``_plans``, as on PostgreSQL), which costs a third
+  of SQLAlchemy's ``Connection.execute`` per statement; transactions begin and end on
+  SQLAlchemy's connection around them.
 - A ``:memory:`` database exists only inside its one connection: the store keeps it on the
   async driver's connection (it is for experiments, not for serving).
 
@@ -31,15 +35,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVarTuple, overload
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import CursorResult, FrozenResult
-from sqlalchemy.sql.base import Executable
-from sqlalchemy.sql.selectable import TypedReturnsRows
+
+from ._plans import DirectResult, Plans
+
+if TYPE_CHECKING:
+    from sqlalchemy.sql.elements import ClauseElement
 
 __all__ = ["SQLiteConnections", "InlineWriter", "InlineReader", "ThreadedReader", "sqlite_pragmas", "CHECKPOINT_BYTES"]
 
@@ -52,28 +59,32 @@ READ_THREADS = 4
 #: the event loop meanwhile, so it is short; only a second process writing the same file waits.
 WRITER_BUSY_TIMEOUT_S = 5.0
 
-_Ts = TypeVarTuple("_Ts")
+
+class _Direct:
+    """Runs the store's Core statements on one ``sqlite3`` connection (``_plans``), with the
+    part of SQLAlchemy's connection the store uses (``execute``, ``exec_driver_sql``). Its
+    methods are coroutines so that store code reads the same on SQLite and PostgreSQL, but they
+    never suspend."""
+
+    def __init__(self, conn: sa.Connection, plans: Plans) -> None:
+        self._raw = _driver_connection(conn)
+        self._plans = plans
+
+    async def execute(self, statement: ClauseElement, parameters: Any = None) -> DirectResult:
+        return run_statement(self._raw, self._plans, statement, parameters)
+
+    async def exec_driver_sql(self, sql: str, parameters: Sequence[Any] = ()) -> DirectResult:
+        return run_sql(self._raw, sql, parameters)
 
 
-class InlineWriter:
-    """The write connection, used directly on the event loop's thread.
+class InlineWriter(_Direct):
+    """The write connection, used directly on the event loop's thread (in the transaction of
+    :meth:`SQLiteConnections.writing`)."""
 
-    Its methods are coroutines so that store code reads the same on SQLite and PostgreSQL,
-    but they never suspend.
-    """
 
-    def __init__(self, conn: sa.Connection) -> None:
-        self._conn = conn
-
-    @overload
-    async def execute(self, statement: TypedReturnsRows[*_Ts], parameters: Any = None) -> CursorResult[*_Ts]: ...
-    @overload
-    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[*tuple[Any, ...]]: ...
-    async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[*tuple[Any, ...]]:
-        return self._conn.execute(statement, parameters)
-
-    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> CursorResult[*tuple[Any, ...]]:
-        return self._conn.exec_driver_sql(statement, parameters)
+class InlineReader(_Direct):
+    """Point reads on the event loop's thread (a row by its key, a count over an index): they
+    take less than a hop to a reader thread costs. Its own connection, never in a transaction."""
 
 
 class ThreadedReader:
@@ -82,31 +93,53 @@ class ThreadedReader:
     def __init__(self, connections: SQLiteConnections) -> None:
         self._connections = connections
 
-    # The results are typed ``Any``: a :class:`~sqlalchemy.engine.Result` over rows already
-    # fetched, used like the ``CursorResult`` of the other connections (SQLAlchemy's stubs do
-    # not let the two unify).
-    async def execute(self, statement: Executable, parameters: Any = None) -> Any:
-        frozen: FrozenResult[*tuple[Any, ...]] = await self._connections.read(lambda conn: conn.execute(statement, parameters).freeze())
-        return frozen()
+    async def execute(self, statement: ClauseElement, parameters: Any = None) -> DirectResult:
+        plans = self._connections.plans
+        result: DirectResult = await self._connections.read(lambda raw: run_statement(raw, plans, statement, parameters))
+        return result
 
-    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> Any:
-        frozen: FrozenResult[*tuple[Any, ...]] = await self._connections.read(lambda conn: conn.exec_driver_sql(statement, parameters).freeze())
-        return frozen()
+    async def exec_driver_sql(self, sql: str, parameters: Sequence[Any] = ()) -> DirectResult:
+        result: DirectResult = await self._connections.read(lambda raw: run_sql(raw, sql, parameters))
+        return result
 
 
-class InlineReader:
-    """Point reads on the event loop's thread (a row by its key, a count over an index): they
-    take less than a hop to a reader thread costs. Its own connection, never in a transaction."""
+def _driver_connection(conn: sa.Connection) -> sqlite3.Connection:
+    """The ``sqlite3`` connection under a SQLAlchemy connection of the pysqlite dialect."""
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, sqlite3.Connection)
+    return raw
 
-    def __init__(self, conn: sa.Connection) -> None:
-        self._conn = conn
 
-    # Typed ``Any`` like :class:`ThreadedReader`'s: rows already fetched.
-    async def execute(self, statement: Executable, parameters: Any = None) -> Any:
-        return self._conn.execute(statement, parameters).freeze()()
+def run_statement(raw: sqlite3.Connection, plans: Plans, statement: ClauseElement, parameters: Any) -> DirectResult:
+    """Run a Core statement (with a dict of values, or a list of dicts: a batch) on ``raw``."""
+    plan, sql, args, batch = plans.prepare(statement, parameters)
+    with _sqlalchemy_errors(sql, args):
+        if batch is not None:
+            raw.executemany(sql, batch)
+            return DirectResult([], -1)
+        cursor = raw.execute(sql, args or ())
+        if plan.returns_rows:
+            rows = plan.rows(cursor.fetchall())
+            return DirectResult(rows, len(rows))
+        return DirectResult([], cursor.rowcount)
 
-    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> Any:
-        return self._conn.exec_driver_sql(statement, parameters).freeze()()
+
+def run_sql(raw: sqlite3.Connection, sql: str, parameters: Sequence[Any] = ()) -> DirectResult:
+    """Run SQL with ``?`` parameters as it is; rows as ``sqlite3`` gives them."""
+    with _sqlalchemy_errors(sql, parameters):
+        cursor = raw.execute(sql, parameters)
+        rows = cursor.fetchall()
+    return DirectResult(rows, len(rows) if rows else cursor.rowcount)
+
+
+@contextlib.contextmanager
+def _sqlalchemy_errors(sql: str, parameters: Any) -> Iterator[None]:
+    """``sqlite3``'s errors as SQLAlchemy's (``IntegrityError`` for a refused write, and so on):
+    the store's one vocabulary for them, whichever path ran the statement."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise sa.exc.DBAPIError.instance(sql, parameters, exc, sqlite3.Error) from exc
 
 
 class SQLiteConnections:
@@ -126,11 +159,13 @@ class SQLiteConnections:
         self._writer_conn = self._engine.connect()
         self._writer_conn.exec_driver_sql("PRAGMA wal_autocheckpoint=0")
         self._writer_conn.commit()
-        self.writer = InlineWriter(self._writer_conn)
+        #: The store's statements compiled for SQLite, shared by every connection here.
+        self.plans = Plans(self._engine.dialect)
+        self.writer = InlineWriter(self._writer_conn, self.plans)
         #: Reads in the reader threads; point reads on the loop's thread.
         self.reader = ThreadedReader(self)
         self._point_conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        self.point_reader = InlineReader(self._point_conn)
+        self.point_reader = InlineReader(self._point_conn, self.plans)
         self._local = threading.local()
         self._readers: list[sa.Connection] = []
         self._readers_lock = threading.Lock()
@@ -145,7 +180,7 @@ class SQLiteConnections:
         with self._writer_conn.begin():
             yield self.writer
 
-    async def write_in_thread(self, fn: Callable[[sa.Connection], None]) -> None:
+    async def write_in_thread(self, fn: Callable[[sqlite3.Connection], None]) -> None:
         """``fn(connection)`` as one write transaction in the writer's thread (the caller holds
         the write lock), for a transaction too big to run on the loop: a group commit of many
         runs' events, whose scattered index pages cost milliseconds. SQLite releases the GIL
@@ -163,23 +198,23 @@ class SQLiteConnections:
                     await asyncio.shield(done)
             raise
 
-    def _write(self, fn: Callable[[sa.Connection], None]) -> None:
+    def _write(self, fn: Callable[[sqlite3.Connection], None]) -> None:
         with self._writer_conn.begin():
-            fn(self._writer_conn)
+            fn(self.writer._raw)
         self._checkpoint_if_due()
 
-    async def read(self, fn: Any) -> Any:
-        """``fn(connection)`` in a reader thread, on that thread's own connection."""
+    async def read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """``fn(connection)`` in a reader thread, on that thread's own ``sqlite3`` connection."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._in_thread, fn)
 
-    def _in_thread(self, fn: Any) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        raw: sqlite3.Connection | None = getattr(self._local, "raw", None)
+        if raw is None:
             conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            self._local.conn = conn
+            raw = self._local.raw = _driver_connection(conn)
             with self._readers_lock:
                 self._readers.append(conn)
-        return fn(conn)
+        return fn(raw)
 
     # -- checkpoints off the loop ----------------------------------------------------------
 
