@@ -13,6 +13,7 @@ one round trip, and none of the per-statement work of compiling a Core statement
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,7 +47,7 @@ class EventStore(StoreBase):
         if self._sqlite is not None:
             assert self._write_lock is not None
             async with self._write_lock:
-                await self._sqlite.write_in_thread(lambda raw: _insert_events_sqlite(lambda sql, params: run_sql(raw, sql, params), batches))
+                await self._sqlite.write_in_thread(lambda raw: _insert_events_sqlite(functools.partial(run_sql, raw), batches))
             return
         if self._direct is not None:
             # One statement, atomic on its own: autocommit, one round trip.

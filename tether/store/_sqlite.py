@@ -67,14 +67,15 @@ class _Direct:
     never suspend."""
 
     def __init__(self, conn: sa.Connection, plans: Plans) -> None:
-        self._raw = _driver_connection(conn)
+        #: The ``sqlite3`` connection the statements run on.
+        self.raw = _driver_connection(conn)
         self._plans = plans
 
     async def execute(self, statement: ClauseElement, parameters: Any = None) -> DirectResult:
-        return run_statement(self._raw, self._plans, statement, parameters)
+        return run_statement(self.raw, self._plans, statement, parameters)
 
     async def exec_driver_sql(self, sql: str, parameters: Sequence[Any] = ()) -> DirectResult:
-        return run_sql(self._raw, sql, parameters)
+        return run_sql(self.raw, sql, parameters)
 
 
 class InlineWriter(_Direct):
@@ -200,7 +201,7 @@ class SQLiteConnections:
 
     def _write(self, fn: Callable[[sqlite3.Connection], None]) -> None:
         with self._writer_conn.begin():
-            fn(self.writer._raw)
+            fn(self.writer.raw)
         self._checkpoint_if_due()
 
     async def read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
