@@ -7,6 +7,7 @@ is retried and the call fails with ``model_stream_broken``.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -221,3 +222,24 @@ async def test_an_outside_cancel_during_a_wait_for_the_provider_stays_a_cancel()
                 assert isinstance(delta, TextDelta)
                 got.append(delta.text)
     assert scope.cancelled_caught and got == ["first "]
+
+
+async def test_a_finished_stream_leaves_nothing_for_the_garbage_collector() -> None:
+    """A model call's idle timer must not keep a reference cycle (with the run's task in it)
+    alive after the call: with hundreds of runs streaming, every such cycle is work for the
+    garbage collector's slow passes. Without automatic collection, nothing of the call is left."""
+    from tether.models._retry import _Silence
+    from tether.models.scripted import ScriptedModel
+
+    request = ModelRequest(messages=[ChatMessage(role="user", content='{"script": [{"tokens": 5}]}')], tools=[])
+    gc.collect()
+    gc.disable()
+    try:
+        with anyio.fail_after(5):
+            async with aclosing(stream_with_retries(ScriptedModel(), request, FAST)) as stream:
+                deltas = [delta async for delta in stream]
+        assert [d.text for d in deltas if isinstance(d, TextDelta)] == [f"t{i} " for i in range(1, 6)]
+        left = [o for o in gc.get_objects() if isinstance(o, _Silence)]
+        assert left == []
+    finally:
+        gc.enable()

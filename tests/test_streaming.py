@@ -491,6 +491,41 @@ async def test_starting_a_run_with_an_event_stream_accept_streams_the_new_run_fr
             assert (await client.get_run(run_id))["status"] == "completed"
 
 
+async def test_a_run_streamed_by_the_request_that_starts_it_never_reads_its_log_back(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream of a run started with ``Accept: text/event-stream`` subscribes before the run
+    exists, so every event from ``run_started`` on reaches it live and the log is not read
+    back: also for a run that ends at once (its model fails), whose terminal event may be
+    published before the response has begun. A stream resumed later does read the log."""
+    store = server.app.state.store
+    reads: list[str] = []
+    read_events = store.read_events
+
+    async def counted(run_id: str, **kwargs: Any) -> list[StoredEvent]:
+        reads.append(run_id)
+        return await read_events(run_id, **kwargs)
+
+    monkeypatch.setattr(store, "read_events", counted)
+    with anyio.fail_after(30):
+        async with clients(server) as (client, http):
+            for step, terminal in (({"tokens": 30}, "done"), ({"fail": "the provider is down"}, "error")):
+                thread_id = (await client.create_thread())["id"]
+                body = {"input": {"content": script(step)}}
+                async with http.stream("POST", f"/v1/threads/{thread_id}/runs", json=body, headers={"Accept": "text/event-stream"}) as response:
+                    assert response.is_success, await response.aread()
+                    run_id = response.headers["x-run-id"]
+                    stream = SSEReader(response)
+                    events = await stream.rest()
+                    await stream.aclose()
+                assert_complete_log(events, run_id)
+                assert events[-1]["type"] == terminal
+                assert run_id not in reads, "the stream of a run it started read the run's log"
+                assert server.app.state.runtime.bus.subscriber_count(run_id) == 0
+                async with http.stream("GET", f"/v1/runs/{run_id}/events", headers={"Accept": "text/event-stream"}) as response:
+                    replayed = await SSEReader(response).rest()
+                assert replayed == events
+                assert run_id in reads  # a stream that did not start the run reads the log
+
+
 @pytest.fixture
 def quick_ping_server(tmp_path: Path) -> Iterator[LiveServer]:
     """The demo server with a 0.2 s keep-alive interval (15 s in production)."""

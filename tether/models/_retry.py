@@ -158,8 +158,11 @@ class _Silence:
         return self._expired and self._task.uncancel() <= self._cancelling
 
     def cancel(self) -> None:
+        """Stop the timer, and let go of it: it holds this object's ``_on_idle``, so keeping it
+        would leave a reference cycle (and the run's task) for the garbage collector."""
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
 
 
 def retry_after_seconds(headers: Mapping[str, str]) -> float | None:

@@ -183,6 +183,7 @@ class Runtime(Takeover):
         config: RunConfig | None = None,
         owner: str | None = None,
         requester: str | None = None,
+        run_id: str | None = None,
     ) -> RunRecord:
         """Start a run on a thread: store it with its input, already ``running`` (its
         ``run_started`` and first ``status`` events and its first model turn's empty answer, one
@@ -195,6 +196,11 @@ class Runtime(Takeover):
         thread is not terminal. ``requester`` is the principal starting it: it may decide the
         run's interrupts (unless four-eyes applies), and the server caps the runs of one
         requester that are active at once (:meth:`~tether.store.Store.count_active_runs`).
+
+        ``run_id`` names the new run, for a caller that subscribes to it on :attr:`bus` before
+        it starts (:meth:`~._bus.LocalBus.open`): that subscription then gets every event of
+        the run from ``run_started`` on, and its follower needs no read of the store
+        (:func:`follow_run`'s ``live``).
         """
         created = await self.store.create_run(
             thread_id=thread_id,
@@ -205,6 +211,7 @@ class Runtime(Takeover):
             owner=owner,
             requested_by=requester,
             running=True,
+            run_id=run_id,
         )
         self.bus.publish(created.run.id, created.events)
         self.launch(created.run, started=created)

@@ -34,7 +34,9 @@ __all__ = ["LocalBus", "Subscription"]
 class Subscription:
     """One follower of one run's live events."""
 
-    def __init__(self, max_pending_bytes: int) -> None:
+    def __init__(self, max_pending_bytes: int, run_id: str = "") -> None:
+        #: The run followed.
+        self.run_id = run_id
         self._pending: deque[StoredEvent] = deque()
         self._pending_bytes = 0
         self._wakeup = asyncio.Event()
@@ -146,18 +148,28 @@ class LocalBus:
     @contextlib.contextmanager
     def subscribe(self, run_id: str) -> Iterator[Subscription]:
         """Follow ``run_id`` for the duration of the ``with`` block."""
-        subscription = Subscription(self._max_pending_bytes)
-        subscription.ended = self.streams_ended
-        self._subscribers.setdefault(run_id, set()).add(subscription)
+        subscription = self.open(run_id)
         try:
             yield subscription
         finally:
-            subscription.close()
-            followers = self._subscribers.get(run_id)
-            if followers is not None:
-                followers.discard(subscription)
-                if not followers:
-                    del self._subscribers[run_id]
+            self.close(subscription)
+
+    def open(self, run_id: str) -> Subscription:
+        """Follow ``run_id`` until :meth:`close` (prefer :meth:`subscribe`; this is for a
+        subscription taken before the run exists, handed to its follower)."""
+        subscription = Subscription(self._max_pending_bytes, run_id)
+        subscription.ended = self.streams_ended
+        self._subscribers.setdefault(run_id, set()).add(subscription)
+        return subscription
+
+    def close(self, subscription: Subscription) -> None:
+        """Stop a subscription of :meth:`open` (closing it twice is harmless)."""
+        subscription.close()
+        followers = self._subscribers.get(subscription.run_id)
+        if followers is not None:
+            followers.discard(subscription)
+            if not followers:
+                del self._subscribers[subscription.run_id]
 
     def publish(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
         """Hand a committed batch to every follower of ``run_id``."""

@@ -19,11 +19,12 @@ When the process is about to stop (:meth:`~._bus.LocalBus.end_streams`), a follo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 
 from ..events import TERMINAL_TYPES, StoredEvent
 from ..store import Store
-from ._bus import LocalBus
+from ._bus import LocalBus, Subscription
 
 __all__ = ["follow_run", "FellBehind", "StreamEnded"]
 
@@ -54,14 +55,31 @@ class StreamEnded(Exception):
 
 
 async def follow_run(
-    store: Store, bus: LocalBus, run_id: str, *, after_seq: int = 0, idle_timeout: float = 15.0, stop_when_behind: bool = False
+    store: Store,
+    bus: LocalBus,
+    run_id: str,
+    *,
+    after_seq: int = 0,
+    idle_timeout: float = 15.0,
+    stop_when_behind: bool = False,
+    live: Subscription | None = None,
 ) -> AsyncIterator[list[StoredEvent]]:
     """Yield batches of events with ``seq > after_seq`` in order; an empty batch after
     ``idle_timeout`` seconds without events (time for a keep-alive). With ``stop_when_behind``,
     raise :class:`FellBehind` once the live queue overflowed instead of catching up. Raises
-    :class:`StreamEnded` once the bus ends its streams (the process is stopping)."""
+    :class:`StreamEnded` once the bus ends its streams (the process is stopping).
+
+    ``live``: a subscription to the run opened (:meth:`~._bus.LocalBus.open`) before the run's
+    first event was published, i.e. before the run was started; the follower takes it over and
+    closes it. Everything then comes through it, so the store is read only if the follower
+    falls behind (a stream of a run it just started begins without a read). ``after_seq`` must
+    be 0 with it.
+    """
+    if live is not None and after_seq != 0:
+        raise ValueError("a subscription opened before the run started follows it from its first event")
     last = after_seq
-    with bus.subscribe(run_id) as live:
+    from_start = live is not None
+    with _taken_over(bus, live) if live is not None else bus.subscribe(run_id) as live:
         if live.ended:
             raise StreamEnded(last)
         page_size = _FIRST_PAGE
@@ -89,23 +107,25 @@ async def follow_run(
                 if len(page) < asked:
                     return
 
-        replayed = False
-        async for page in catch_up():
-            replayed = True
-            yield page
-            if page[-1].type in TERMINAL_TYPES:
-                return
-            if live.ended:
-                raise StreamEnded(last)
-        # The log had events and none was terminal: the run was not over when it was read, and
-        # its terminal event, committed later, comes through the subscription taken before.
-        # Only a read that found nothing new needs the run itself.
-        if not replayed and (await store.get_run(run_id)).terminal:
-            # The cursor is at or past the terminal event. A terminal status commits together
-            # with its terminal event, so the store holds the whole log: read what is left, end.
+        if not from_start:
+            replayed = False
             async for page in catch_up():
+                replayed = True
                 yield page
-            return
+                if page[-1].type in TERMINAL_TYPES:
+                    return
+                if live.ended:
+                    raise StreamEnded(last)
+            # The log had events and none was terminal: the run was not over when it was read,
+            # and its terminal event, committed later, comes through the subscription taken
+            # before. Only a read that found nothing new needs the run itself.
+            if not replayed and (await store.get_run(run_id)).terminal:
+                # The cursor is at or past the terminal event. A terminal status commits
+                # together with its terminal event, so the store holds the whole log: read
+                # what is left, end.
+                async for page in catch_up():
+                    yield page
+                return
         while True:
             batch = await live.wait_for_events(idle_timeout)
             if live.ended:
@@ -133,3 +153,12 @@ async def follow_run(
             if fresh[-1].type in TERMINAL_TYPES:
                 return
             sent()
+
+
+@contextlib.contextmanager
+def _taken_over(bus: LocalBus, live: Subscription) -> Iterator[Subscription]:
+    """A subscription someone else opened, closed at the end like one of ``subscribe``."""
+    try:
+        yield live
+    finally:
+        bus.close(live)

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from .._ids import new_id
 from ..errors import InvalidRequest, LimitExceeded
 from ._deps import access_of, actor_of, caller_of, limits_of, run_admission_of, run_start_buckets_of, runtime_of, sse_ping_s_of, store_of, stream_slots_of
 from ._limits import check_rate
@@ -51,6 +52,10 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
                 details={"limit": limit},
             )
         release = stream_slots_of(request).acquire(caller) if wants_event_stream(request) else None
+        # A stream follows the run from before it exists: its subscription gets every event,
+        # and the stream begins without reading the store back.
+        run_id = new_id("run") if release is not None else None
+        live = runtime.bus.open(run_id) if run_id is not None else None
         try:
             run = await runtime.start_run(
                 thread_id,
@@ -59,14 +64,17 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
                 use_active_leaf="parent_id" not in body.model_fields_set,
                 config=body.config,
                 requester=caller,
+                run_id=run_id,
             )
         except BaseException:
+            if live is not None:
+                runtime.bus.close(live)
             if release is not None:
                 release()
             raise
     headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
     if release is not None:
-        return sse_response(store_of(request), runtime.bus, run.id, after_seq=0, release=release, ping_s=sse_ping_s_of(request), headers=headers)
+        return sse_response(store_of(request), runtime.bus, run.id, after_seq=0, release=release, ping_s=sse_ping_s_of(request), headers=headers, live=live)
     return JSONResponse(run_view(run), status_code=202, headers=headers)
 
 

@@ -18,7 +18,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..errors import Overloaded
-from ..runtime import FellBehind, LocalBus, StreamEnded, follow_run
+from ..runtime import FellBehind, LocalBus, StreamEnded, Subscription, follow_run
 from ..sse import PING, encode_comment, encode_event, encode_retry
 from ..store import Store
 
@@ -41,11 +41,11 @@ def stopping_comment(last_seq: int) -> str:
     return encode_comment(f"disconnected: this server is shutting down; reconnect with Last-Event-ID: {last_seq}")
 
 
-async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, ping_s: float) -> AsyncIterator[str]:
+async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, ping_s: float, live: Subscription | None) -> AsyncIterator[str]:
     yield encode_retry(RETRY_MS)
     last = after_seq
     try:
-        async for batch in follow_run(store, bus, run_id, after_seq=after_seq, idle_timeout=ping_s, stop_when_behind=True):
+        async for batch in follow_run(store, bus, run_id, after_seq=after_seq, idle_timeout=ping_s, stop_when_behind=True, live=live):
             if not batch:
                 yield PING
                 continue
@@ -104,14 +104,26 @@ def sse_response(
     ping_s: float = 15.0,
     status_code: int = 200,
     headers: dict[str, str] | None = None,
+    live: Subscription | None = None,
 ) -> StreamingResponse:
     """Stream ``run_id`` from ``after_seq``: replay, live tail, close after the terminal event.
 
     Starlette ends the body when the client disconnects; that only unsubscribes, the run goes on.
-    ``release`` gives the stream's slot back when the response ends.
+    ``release`` gives the stream's slot back when the response ends. ``live``: a subscription
+    opened before the run started (the stream of a run started by this request), taken over by
+    the stream (:func:`~tether.runtime.follow_run`), and closed with the response.
     """
+    if live is not None:
+        give_back = release
+
+        def release() -> None:
+            try:
+                bus.close(live)  # a body that never ran did not close it (closing twice is harmless)
+            finally:
+                give_back()
+
     return EventStreamResponse(
-        _sse_body(store, bus, run_id, after_seq, ping_s),
+        _sse_body(store, bus, run_id, after_seq, ping_s, live),
         status_code=status_code,
         headers={**SSE_HEADERS, **(headers or {})},
         release=release,

@@ -75,6 +75,7 @@ class RunStore(EventStore):
         owner: str | None = None,
         requested_by: str | None = None,
         running: bool = False,
+        run_id: str | None = None,
     ) -> CreatedRun:
         """Create a run (``queued``), its input and its ``run_started`` event, atomically.
 
@@ -91,13 +92,14 @@ class RunStore(EventStore):
         One commit instead of two before the first token; the run never shows ``queued``.
 
         ``requested_by`` is the principal starting the run (who may decide its interrupts).
+        ``run_id``: the new run's id, when the caller chose it (from :func:`tether._ids.new_id`).
         Raises :class:`NotFound` if the thread is missing or (given ``owner``) someone else's, and
         :class:`ThreadBusy` if it already has a non-terminal run (the partial unique index
         decides, so this holds across processes).
         """
         async with self._writing() as conn:
             now = utcnow()
-            run_id = new_id("run")
+            run_id = run_id or new_id("run")
             thread_row = (await conn.execute(Hot.thread_by_id, {"thread_id": thread_id})).first()
             if thread_row is None or (owner is not None and thread_row.owner != owner):
                 raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
@@ -154,8 +156,7 @@ class RunStore(EventStore):
                 )
             except IntegrityError:
                 raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
-            if content is not None:
-                await conn.execute(Hot.insert_message, message_values(message))
+            new_messages = [message] if content is not None else []
             started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message.id), now)
             written = [StoredEvent(1, started.type, started.to_json())]
             first_turn = None
@@ -163,9 +164,11 @@ class RunStore(EventStore):
                 announce = Envelope.wrap(run_id, 2, Status(stage="model", detail=None), now)
                 written.append(StoredEvent(2, announce.type, announce.to_json()))
                 first_turn = MessageRecord(new_id("msg"), thread_id, message.id, run_id, "assistant", "", status="partial", created_at=now)
-                await append_message(conn, first_turn)  # the active leaf moves past the input to it
-            else:
-                await conn.execute(Hot.set_active_leaf, {"of_thread": thread_id, "leaf_id": message.id, "now": now})
+                new_messages.append(first_turn)
+            if new_messages:  # the input and the first turn in one statement (one round trip)
+                await conn.execute(Hot.insert_message, [message_values(m) for m in new_messages])
+            # The active leaf moves to the input, or past it to the first turn.
+            await conn.execute(Hot.set_active_leaf, {"of_thread": thread_id, "leaf_id": (first_turn or message).id, "now": now})
             await self._write_events(conn, run_id, written)
             return CreatedRun(run, message, written, first_turn)
 
