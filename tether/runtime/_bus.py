@@ -34,7 +34,7 @@ __all__ = ["LocalBus", "Subscription"]
 class Subscription:
     """One follower of one run's live events."""
 
-    def __init__(self, max_pending_bytes: int, run_id: str = "") -> None:
+    def __init__(self, max_pending_bytes: int, run_id: str) -> None:
         #: The run followed.
         self.run_id = run_id
         self._pending: deque[StoredEvent] = deque()

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ._records import ACTIVE_RUN_STATUSES
+from ._records import ACTIVE_RUN_STATUSES, EXECUTOR_RUN_STATUSES
 
 __all__ = [
     "metadata",
@@ -265,6 +265,6 @@ class Hot:
         .select_from(runs)
         .where(
             runs.c.requested_by == sa.bindparam("requested_by"),
-            runs.c.status.in_([sa.literal_column(f"'{status}'") for status in ("queued", "running", "cancelling")]),
+            runs.c.status.in_([sa.literal_column(f"'{status.value}'") for status in EXECUTOR_RUN_STATUSES]),
         )
     )
