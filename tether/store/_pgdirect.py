@@ -34,6 +34,7 @@ import sqlalchemy as sa
 
 from ..errors import Overloaded
 from ._plans import DirectResult, Plans
+from ._tables import Hot
 
 if TYPE_CHECKING:
     import asyncpg
@@ -136,7 +137,7 @@ class DirectPool:
                     )
                     from sqlalchemy.dialects.postgresql.asyncpg import dialect
 
-                    self._plans = Plans(dialect())  # type: ignore[no-untyped-call]  # SQLAlchemy leaves this constructor untyped
+                    self._plans = Plans(dialect(), hot=Hot.statements())  # type: ignore[no-untyped-call]  # SQLAlchemy leaves this constructor untyped
         return self._pool, self._plans
 
     @contextlib.asynccontextmanager

@@ -14,12 +14,17 @@ as SQLAlchemy reads and writes it); the driver (asyncpg, ``sqlite3``) executes t
 This leans on a few of SQLAlchemy's compiler internals (the post-compile expansion of ``IN``
 lists, the bind and result processors); ``pyproject.toml`` bounds SQLAlchemy's version, and the
 store's contract tests run every operation through here on both backends.
+
+The statements of the hot paths (``Hot`` in ``_tables``) are built once and passed to
+:class:`Plans` by the store: their plans are found by the statement object itself, and bound
+to it once (:class:`BoundPlan`), so a call of one neither computes its cache key nor has
+SQLAlchemy build the call's parameters.
 """
 
 from __future__ import annotations
 
 from collections import namedtuple
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine.interfaces import Compiled, Dialect
     from sqlalchemy.sql.elements import ClauseElement
 
-__all__ = ["DirectResult", "Plan", "Plans"]
+__all__ = ["BoundPlan", "DirectResult", "Plan", "Plans"]
 
 #: Statement shapes whose compiled form is kept (the store has a few hundred at most).
 _MAX_PLANS = 2000
@@ -121,13 +126,60 @@ class Plan:
         return [row(*(value if process is None else process(value) for process, value in zip(processors, record, strict=True))) for record in records]
 
 
+class BoundPlan:
+    """A plan bound to one statement object called with one set of value names: the
+    statement's own values (its literals, a bound parameter's default) are resolved and
+    processed once, so a call only picks and processes the values it passes, as
+    ``construct_params`` would, in the SQL's order."""
+
+    __slots__ = ("plan", "_slots")
+
+    def __init__(self, plan: Plan, keys: tuple[str, ...], extracted: Sequence[Any] | None) -> None:
+        compiled = plan._compiled
+        defaults = compiled.construct_params(None, extracted_parameters=extracted, escape_names=False, _check=False)
+        by_name = {name: bindparam for bindparam, name in compiled.bind_names.items()}
+        self.plan = plan
+        #: Per positional argument: the call's value to take (its key, and its processor), or
+        #: the statement's own value, already processed.
+        self._slots: list[tuple[str | None, Any, Any]] = []
+        for name in plan._order:
+            bindparam = by_name[name]
+            process = plan._processors.get(name)
+            if bindparam.key in keys or name in keys:
+                self._slots.append((bindparam.key if bindparam.key in keys else name, process, None))
+            elif bindparam.required:
+                raise sa.exc.InvalidRequestError(f"A value is required for bind parameter {bindparam.key!r}", code="cd3x")
+            else:
+                value = defaults[name]
+                self._slots.append((None, None, value if process is None else process(value)))
+
+    @staticmethod
+    def bindable(plan: Plan) -> bool:
+        """Whether ``plan`` can be bound once: its SQL does not depend on the
+        values (no ``IN`` list to expand) and none of its values is computed at each call."""
+        return not plan._expands and not any(bindparam.callable for bindparam in plan._compiled.bind_names)
+
+    def arguments(self, values: dict[str, Any]) -> list[Any]:
+        """The positional arguments of one call with ``values``."""
+        return [constant if key is None else (values[key] if process is None else process(values[key])) for key, process, constant in self._slots]
+
+
 class Plans:
     """Compiled plans by statement shape (SQLAlchemy's cache key), as SQLAlchemy's own compiled
-    cache keeps them: a statement built anew at every call finds the plan of its shape."""
+    cache keeps them: a statement built anew at every call finds the plan of its shape.
 
-    def __init__(self, dialect: Dialect) -> None:
+    ``hot`` are statements built once and called many times (the store's hot paths): their
+    plans are kept by the statement object too, bound to it (:class:`BoundPlan`).
+    """
+
+    def __init__(self, dialect: Dialect, hot: Iterable[ClauseElement] = ()) -> None:
         self.dialect = dialect
         self._plans: dict[tuple[Any, ...], Plan] = {}
+        #: The hot statements by identity (each kept alive here, so its id stays its own).
+        self._hot = {id(statement): statement for statement in hot}
+        #: Bound plans of hot statements by (statement id, value names), or None where a
+        #: statement's plan cannot be bound (it takes the general path).
+        self._bound: dict[tuple[int, tuple[str, ...], bool], BoundPlan | None] = {}
 
     def plan(self, statement: ClauseElement, keys: tuple[str, ...], many: bool) -> tuple[Plan, Sequence[Any] | None]:
         """The plan for ``statement`` called with values named ``keys`` (a batch: ``many``), and
@@ -144,6 +196,15 @@ class Plans:
             plan = self._plans[shape] = Plan(compiled, self.dialect)
         return plan, cache_key.bindparams
 
+    def _bound_plan(self, statement: ClauseElement, keys: tuple[str, ...], many: bool) -> BoundPlan | None:
+        found = (id(statement), keys, many)
+        if found in self._bound:
+            return self._bound[found]
+        plan, extracted = self.plan(statement, keys, many)
+        bound = BoundPlan(plan, keys, extracted) if BoundPlan.bindable(plan) else None
+        self._bound[found] = bound
+        return bound
+
     def prepare(self, statement: ClauseElement, parameters: Any) -> tuple[Plan, str, list[Any] | None, list[list[Any]] | None]:
         """A call of ``statement`` with a dict of values (or None), or a list of dicts (a batch,
         when more than one): its plan, its SQL, and its positional arguments (one call's, or the
@@ -155,7 +216,14 @@ class Plans:
             else:
                 parameters = parameters[0] if parameters else None
         first = batch[0] if batch is not None else parameters
-        plan, extracted = self.plan(statement, tuple(sorted(first or ())), batch is not None)
+        keys = tuple(sorted(first or ()))
+        if id(statement) in self._hot:
+            bound = self._bound_plan(statement, keys, batch is not None)
+            if bound is not None:
+                if batch is not None:
+                    return bound.plan, bound.plan.sql, None, [bound.arguments(values) for values in batch]
+                return bound.plan, bound.plan.sql, bound.arguments(parameters or {}), None
+        plan, extracted = self.plan(statement, keys, batch is not None)
         if batch is not None:
             return plan, plan.sql, None, [plan.arguments(values, extracted)[1] for values in batch]
         sql, args = plan.arguments(parameters, extracted)

@@ -301,7 +301,7 @@ class RunStore(EventStore):
         stalled past its lease) cannot end it.
         """
         now = utcnow()
-        values = {"run_id": run_id, "from_statuses": _values(from_statuses), "status": str(status), "now": now, "error": error}
+        values = {"run_id": run_id, **_from_statuses(from_statuses), "status": str(status), "now": now, "error": error}
         async with self._writing() as conn:
             if as_executor and cancel is not None:
                 request = {"cancel_mode_value": cancel.mode, "cancel_reason_value": cancel.reason, "cancel_actor_value": cancel.actor}
@@ -411,6 +411,14 @@ class RunStore(EventStore):
             await conn.execute(runs.update().where(needs_executor).values(**self._lease_values()))
             rows = (await conn.execute(runs.select().where(needs_executor))).all()
         return [run_record(r) for r in rows]
+
+
+def _from_statuses(statuses: Sequence[str]) -> dict[str, str]:
+    """``from_statuses`` as the values of ``Hot.finish_run``'s fixed list (padded with the first)."""
+    given = _values(statuses)
+    if not 0 < len(given) <= len(RunStatus):
+        raise ValueError(f"from_statuses must name 1 to {len(RunStatus)} statuses")
+    return {f"from_status_{i}": given[i] if i < len(given) else given[0] for i in range(len(RunStatus))}
 
 
 def _values(statuses: Iterable[str]) -> list[str]:

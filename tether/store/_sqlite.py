@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ._plans import DirectResult, Plans
+from ._tables import Hot
 
 if TYPE_CHECKING:
     from sqlalchemy.sql.elements import ClauseElement
@@ -161,7 +162,7 @@ class SQLiteConnections:
         self._writer_conn.exec_driver_sql("PRAGMA wal_autocheckpoint=0")
         self._writer_conn.commit()
         #: The store's statements compiled for SQLite, shared by every connection here.
-        self.plans = Plans(self._engine.dialect)
+        self.plans = Plans(self._engine.dialect, hot=Hot.statements())
         self.writer = InlineWriter(self._writer_conn, self.plans)
         #: Reads in the reader threads; point reads on the loop's thread.
         self.reader = ThreadedReader(self)
