@@ -10,12 +10,11 @@ expired) is an AG-UI ``RUN_ERROR`` carrying Tether's error code, as AG-UI client
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from pydantic import ValidationError
-from starlette.responses import StreamingResponse
 
 from .. import __version__
 from ..agui import (
@@ -41,13 +40,11 @@ from ._deps import access_of, actor_of, runtime_of, sse_ping_s_of
 from ._errors import status_for
 from ._openapi import AGUI_STREAM
 from ._schemas import AguiRunInput, AguiTetherProps, ResumeThread
-from ._sse import SSE_HEADERS, stopping_comment
+from ._sse import SSE_HEADERS, EventStreamResponse, stopping_comment
 
 
-class EventStream(StreamingResponse):
+class EventStream(EventStreamResponse):
     """How the OpenAPI document learns that a route answers with an event stream, not JSON."""
-
-    media_type = "text/event-stream"
 
 
 router = APIRouter(tags=["ag-ui"])
@@ -76,14 +73,14 @@ def _mapper(request: Request, body: AguiRunInput) -> EventMapper:
     )
 
 
-def _response(body: AsyncIterator[str], run_id: str | None = None) -> StreamingResponse:
+def _response(body: AsyncGenerator[str, None], run_id: str | None = None) -> EventStreamResponse:
     headers = dict(SSE_HEADERS)
     if run_id is not None:
         headers["X-Tether-Run-Id"] = run_id
-    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+    return EventStreamResponse(body, headers=headers)
 
 
-async def _frames(frames: Sequence[Frame]) -> AsyncIterator[str]:
+async def _frames(frames: Sequence[Frame]) -> AsyncGenerator[str, None]:
     yield "".join(f.encode() for f in frames)
 
 
@@ -141,7 +138,7 @@ async def _stream(
     catch_up: bool,
     snapshot: list[dict[str, Any]] | None,
     ping_s: float,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """Frames of ``run_id`` after ``cursor``, live, until the AG-UI run the client is in ends:
     the run's terminal event, or an interrupt that nothing has answered yet.
 
@@ -246,7 +243,7 @@ async def capabilities(request: Request) -> dict[str, Any]:
 
 
 @router.post("/v1/agui", response_model=None, response_class=EventStream, responses=AGUI_STREAM)
-async def run_agent(request: Request, body: AguiRunInput) -> StreamingResponse:
+async def run_agent(request: Request, body: AguiRunInput) -> EventStreamResponse:
     """Run the agent on an AG-UI ``RunAgentInput``: a new run on the matched history, or — with
     ``resume`` — the interrupted run continued with the answers; its AG-UI events stream back."""
     access, runtime, actor = access_of(request), runtime_of(request), actor_of(request)
@@ -309,7 +306,7 @@ async def _resume(access: Access, runtime: Runtime, body: AguiRunInput, actor: s
 
 
 @router.post("/v1/agui/connect", response_model=None, response_class=EventStream, responses=AGUI_STREAM)
-async def connect(request: Request, body: AguiRunInput, last_event_id: str | None = Header(default=None, alias="Last-Event-ID")) -> StreamingResponse:
+async def connect(request: Request, body: AguiRunInput, last_event_id: str | None = Header(default=None, alias="Last-Event-ID")) -> EventStreamResponse:
     """Reattach to a thread: with ``Last-Event-ID``, the frames after it (open messages reopened
     first); without, the messages so far as a snapshot and the latest run's events, live."""
     access, runtime = access_of(request), runtime_of(request)

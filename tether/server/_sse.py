@@ -12,9 +12,11 @@ socket's flow control: a reader that does not read holds one chunk, not the run.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
+from contextlib import aclosing
 
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..errors import Overloaded
@@ -41,7 +43,7 @@ def stopping_comment(last_seq: int) -> str:
     return encode_comment(f"disconnected: this server is shutting down; reconnect with Last-Event-ID: {last_seq}")
 
 
-async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, ping_s: float, live: Subscription | None) -> AsyncIterator[str]:
+async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, ping_s: float, live: Subscription | None) -> AsyncGenerator[str, None]:
     yield encode_retry(RETRY_MS)
     last = after_seq
     try:
@@ -80,18 +82,72 @@ def _chunks(events: Iterable[str]) -> Iterator[str]:
         yield "".join(part)
 
 
-class EventStreamResponse(StreamingResponse):
-    """A streaming response that gives its stream slot back when it ends, however it ends."""
+class EventStreamResponse(Response):
+    """An event stream: sends what ``content`` yields until it ends or the client goes away.
 
-    def __init__(self, content: AsyncIterator[str], *, release: Callable[[], None], status_code: int, headers: dict[str, str]) -> None:
-        super().__init__(content, status_code=status_code, media_type="text/event-stream", headers=headers)
+    What Starlette's ``StreamingResponse`` does for a server that announces ASGI 2.3 (uvicorn),
+    with less machinery per stream: one watcher task waits for the client's disconnect and
+    cancels the stream's own task, which ends the body at its next ``await`` (a follower then
+    only unsubscribes; the run goes on). ``release`` runs when the response ends, however it
+    ends. A cancellation from elsewhere (the server stopping) goes on as it came.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        content: AsyncGenerator[str, None],
+        *,
+        release: Callable[[], None] | None = None,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.body_iterator = content
+        self.status_code = status_code
+        self.background = None
+        self.init_headers(headers)
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await self._stream(receive, send)
         finally:
-            self._release()
+            if self._release is not None:
+                self._release()
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+        broken: Exception | None = None
+
+        async def watch() -> None:
+            nonlocal gone, broken
+            try:
+                while (await receive())["type"] != "http.disconnect":
+                    pass  # the rest of a request body nobody reads
+            except Exception as exc:  # the server could not tell: the stream cannot go on either
+                broken = exc
+            gone = True
+            task.cancel()
+
+        # Cancelled below before this method returns (no await in between), so it can only
+        # cancel the task while the stream is still being sent.
+        watcher = asyncio.create_task(watch(), name="tether-sse-disconnect")
+        try:
+            async with aclosing(self.body_iterator) as body:
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                async for chunk in body:
+                    await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            # The watcher's cancel, and no one else's: the client went away, the response is over.
+            if not gone or task.uncancel() > 0:
+                raise
+        finally:
+            watcher.cancel()
+        if broken is not None:
+            raise broken
 
 
 def sse_response(
@@ -105,10 +161,10 @@ def sse_response(
     status_code: int = 200,
     headers: dict[str, str] | None = None,
     live: Subscription | None = None,
-) -> StreamingResponse:
+) -> EventStreamResponse:
     """Stream ``run_id`` from ``after_seq``: replay, live tail, close after the terminal event.
 
-    Starlette ends the body when the client disconnects; that only unsubscribes, the run goes on.
+    The body ends when the client disconnects; that only unsubscribes, the run goes on.
     ``release`` gives the stream's slot back when the response ends. ``live``: a subscription
     opened before the run started (the stream of a run started by this request), taken over by
     the stream (:func:`~tether.runtime.follow_run`), and closed with the response.
