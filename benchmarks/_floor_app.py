@@ -34,14 +34,16 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Iterable, Iterator
+from contextlib import aclosing
 from datetime import UTC, datetime
 from functools import lru_cache
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
@@ -154,7 +156,47 @@ class _Signals:
 STREAMS: dict[str, _Signals] = {}
 
 
-async def stream(request: Request) -> StreamingResponse:
+class EventStream(Response):
+    """Sends what ``body`` yields, as Tether's event streams are sent
+    (``tether/server/_sse.py``, ``EventStreamResponse``): one task per stream waits for the
+    client's disconnect and cancels the stream's task, instead of Starlette's
+    ``StreamingResponse`` with its task group per stream, which Tether does not pay either."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, body: AsyncGenerator[bytes, None]) -> None:
+        self.body_iterator = body
+        self.status_code = 200
+        self.background = None
+        self.init_headers(SSE_HEADERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            task.cancel()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            async with aclosing(self.body_iterator) as body:
+                await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+                async for chunk in body:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone or task.uncancel() > 0:
+                raise
+        finally:
+            watcher.cancel()
+
+
+async def stream(request: Request) -> EventStream:
     q = request.query_params
     tokens = int(q.get("tokens", "20000"))
     delay = float(q.get("delay_ms", "0")) / 1000
@@ -168,7 +210,7 @@ async def stream(request: Request) -> StreamingResponse:
     def sends(ready: list[bytes]) -> Iterable[bytes]:
         return _chunks(ready) if batch else ready
 
-    async def body() -> AsyncIterator[bytes]:
+    async def body() -> AsyncGenerator[bytes, None]:
         try:
             yield b"retry: 1000\n\n"
             if not delay and not park:
@@ -200,7 +242,7 @@ async def stream(request: Request) -> StreamingResponse:
         finally:
             STREAMS.pop(name, None)
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return EventStream(body())
 
 
 async def signal(request: Request) -> JSONResponse:
