@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
+import sys
 import time
 from collections.abc import AsyncGenerator, Iterable, Iterator
 from contextlib import aclosing
 from datetime import UTC, datetime
 from functools import lru_cache
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -286,8 +289,23 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args()
-    # The same call as tether.cli._run_server (the limits Tether adds do not bind here).
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3, timeout_keep_alive=5, backlog=2048)
+    # The same call as tether.cli._run_server (the limits Tether adds do not bind here), on the
+    # same event loop: uvloop accepting a burst of connections at once (tether/server/_loop.py,
+    # loaded from its file: it needs only uvloop, and the floor imports nothing of Tether's).
+    spec = importlib.util.spec_from_file_location("_tether_loop", Path(__file__).resolve().parents[1] / "tether" / "server" / "_loop.py")
+    assert spec is not None and spec.loader is not None
+    sys.modules["_tether_loop"] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=5,
+        backlog=2048,
+        loop="_tether_loop:new_event_loop",
+    )
 
 
 if __name__ == "__main__":

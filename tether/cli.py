@@ -142,6 +142,7 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
         timeout_keep_alive=KEEP_ALIVE_S,
         backlog=2048,
         ws="none",  # no WebSocket routes: the WebSocket implementation is never loaded
+        loop="tether.server._loop:new_event_loop",  # uvloop, accepting a burst of connections at once
     )
 
     serve(app, config)  # ends the open streams as soon as it is told to stop

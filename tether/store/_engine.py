@@ -28,6 +28,7 @@ from .._ids import new_id, utcnow
 from ..errors import Overloaded
 from ._pgdirect import DIRECT_CONNECTIONS, DirectConnection, DirectPool
 from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
+from ._writelock import WriteLock
 
 __all__ = ["StoreBase", "normalize_db_url", "pg_dsn", "Writing", "Reading"]
 
@@ -87,7 +88,7 @@ class StoreBase:
         #: How long a run's claim lasts without renewal (another process may then take it over).
         self.lease_s = 10.0
         # SQLite allows one writer; serialise ours rather than collide on SQLITE_BUSY.
-        self._write_lock: asyncio.Lock | None = asyncio.Lock() if self.is_sqlite else None
+        self._write_lock: WriteLock | None = WriteLock() if self.is_sqlite else None
 
     # -- lifecycle -------------------------------------------------------------------------
 
