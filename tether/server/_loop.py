@@ -73,19 +73,15 @@ class BulkAcceptServer:
         """Stop accepting and close the listening sockets (connections already made go on)."""
         if self._closed.done():
             return
-        self._stop_reading()
         for sock in self._sockets:
+            if sock.fileno() != -1:
+                self._loop.remove_reader(sock.fileno())
             sock.close()
         self._serving = False
         self._closed.set_result(None)
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
-
-    def _stop_reading(self) -> None:
-        for sock in self._sockets:
-            if sock.fileno() != -1:
-                self._loop.remove_reader(sock.fileno())
 
     def _accept_all(self, listener: socket.socket) -> None:
         for _ in range(self._backlog):
@@ -149,11 +145,12 @@ class BulkAcceptLoop(uvloop.Loop):
             return await uvloop_server(
                 protocol_factory, host, port, sock=sock, backlog=backlog, ssl=ssl, reuse_address=reuse_address, start_serving=start_serving, **kwargs
             )
-        sockets = [sock] if sock is not None else await self._listening_sockets(host, port, backlog, reuse_address)
-        for listener in sockets:
-            listener.setblocking(False)
-            if sock is not None:
-                listener.listen(backlog)
+        if sock is not None:
+            sock.setblocking(False)
+            sock.listen(backlog)
+            sockets = [sock]
+        else:
+            sockets = await self._listening_sockets(host, port, backlog, reuse_address)
         server = BulkAcceptServer(self, sockets, protocol_factory, backlog)
         if start_serving:
             server.start_serving()
@@ -176,6 +173,7 @@ class BulkAcceptLoop(uvloop.Loop):
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio: one socket per family
                 sock.bind(address)
                 sock.listen(backlog)
+                sock.setblocking(False)
         except BaseException:
             for sock in sockets:
                 sock.close()
