@@ -586,6 +586,33 @@ async def test_request_cancel_moves_every_active_status_to_cancelling(store: Sto
         assert await store.get_run(run.id) == record
 
 
+async def test_a_cancel_request_claims_a_run_no_process_holds_so_no_other_takes_it_over_until_the_claim_lapses(store: Store, database_url: str) -> None:
+    # A waiting run belongs to no process; the process recording its cancel ends it. Were the
+    # cancelling run left unclaimed, another process would take it over as abandoned and both
+    # would write its ending (a duplicate seq, one of them failing).
+    run, _ = await parked_run(store)
+    assert (await store.get_run(run.id)).executor_id is None
+    record = await store.request_cancel(run.id, mode="soft", reason=None, actor="alice")
+    assert record.status == "cancelling" and record.executor_id == store.instance_id
+    async with another_store(database_url) as other:
+        assert await other.claim_abandoned() == []
+        # The canceller dies before ending it: once its claim lapses, another process can.
+        store.lease_s = other.lease_s = 0.05
+        assert await store.renew_leases([run.id]) == {run.id}  # now a 50 ms claim
+        await asyncio.sleep(0.1)  # past the 50 ms lease: the lapse itself is what is tested
+        assert [r.id for r in await other.claim_abandoned()] == [run.id]
+
+
+async def test_a_cancel_request_leaves_a_held_claim_with_its_holder(store: Store, database_url: str) -> None:
+    thread = await store.create_thread(owner="alice")
+    run, _, _ = await start_run(store, thread)
+    assert await store.mark_running(run.id)
+    held = await store.get_run(run.id)
+    async with another_store(database_url) as other:
+        record = await other.request_cancel(run.id, mode="soft", reason=None, actor="bob")
+    assert (record.executor_id, record.lease_expires_at) == (store.instance_id, held.lease_expires_at)
+
+
 async def test_an_audited_cancel_request_writes_its_audit_entry_with_it_and_none_for_a_finished_run(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
     run, _, _ = await start_run(store, thread)

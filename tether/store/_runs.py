@@ -247,13 +247,25 @@ class RunStore(EventStore):
         transaction. Raises :class:`RunNotActive` when the run is already terminal (nothing is
         written then).
         """
+        # A run that no process holds (one waiting for a human) is claimed by the request: this
+        # process ends it, and until then no other may take it over as abandoned and write a
+        # second ending into its log. A held claim stays with its holder.
+        lease_until = sa.literal(self._lease_values()["lease_expires_at"], runs.c.lease_expires_at.type)
+        unheld = runs.c.executor_id.is_(None)
         async with self._writing() as conn:
             # One statement in the usual case (an active run): the write hands back the row.
             row = (
                 await conn.execute(
                     runs.update()
                     .where(runs.c.id == run_id, runs.c.status.in_(_values(_CANCELLABLE)))
-                    .values(status=RunStatus.CANCELLING.value, cancel_mode=mode, cancel_reason=reason, cancel_actor=actor)
+                    .values(
+                        status=RunStatus.CANCELLING.value,
+                        cancel_mode=mode,
+                        cancel_reason=reason,
+                        cancel_actor=actor,
+                        executor_id=sa.func.coalesce(runs.c.executor_id, self.instance_id),
+                        lease_expires_at=sa.case((unheld, lease_until), else_=runs.c.lease_expires_at),
+                    )
                     .returning(*runs.c)
                 )
             ).first()
