@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
+from tether.errors import NotFound, ThreadBusy
 from tether.events import Envelope, Token, now_ts
 from tether.runtime import follow_run
 from tether.runtime._pgbus import PostgresBus
@@ -143,3 +144,34 @@ async def test_a_group_commit_of_hundreds_of_runs_reaches_every_follower_on_anot
     finally:
         await listener.close()
         await bus.aclose()
+
+
+async def test_a_run_start_is_announced_on_commit_with_its_last_seq_and_a_refused_one_is_not(two_processes: tuple[Store, Store]) -> None:
+    # A run start on PostgreSQL is one statement (the run, its messages, the leaf, its events and
+    # their notification): another process hears of it as of any commit of events.
+    import asyncpg
+
+    a, b = two_processes
+    dsn = b.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(dsn)
+    await listener.add_listener(EVENTS_CHANNEL, lambda _c, _p, _ch, payload: heard.put_nowait(payload))
+    try:
+        thread = await a.create_thread(owner="alice")
+        with anyio.fail_after(30):
+            created = await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={}, running=True)
+            notice = parse_events_payload(await heard.get())
+            assert (notice.origin, notice.runs) == (a.instance_id, [(created.run.id, 2)])
+            assert await b.read_events(created.run.id) == created.events
+            # Refused (the thread is busy; another owner's): nothing is written, nothing announced.
+            with pytest.raises(ThreadBusy):
+                await a.create_run(thread_id=thread.id, content="again", parent_id=None, use_active_leaf=True, config={}, running=True)
+            with pytest.raises(NotFound):
+                await a.create_run(thread_id=thread.id, content="mine?", parent_id=None, use_active_leaf=True, config={}, owner="bob")
+            # A commit of events after the refusals: the next notification heard is its own.
+            await a.append_events(created.run.id, [token(created.run.id, 3)])
+            assert parse_events_payload(await heard.get()).runs == [(created.run.id, 3)]
+        assert heard.empty()
+        assert [m.id for m in await b.thread_messages(thread.id)] == [created.input.id, created.first_turn.id]  # type: ignore[union-attr]
+    finally:
+        await listener.close()

@@ -245,6 +245,8 @@ async def test_missing_or_foreign_records_are_not_found_with_their_own_codes(sto
         (lambda: store.get_thread("thr_missing"), "thread_not_found"),
         (lambda: store.get_thread(thread.id, owner="bob"), "thread_not_found"),
         (lambda: store.create_run(thread_id="thr_missing", content="x", parent_id=None, use_active_leaf=True, config={}), "thread_not_found"),
+        (lambda: store.create_run(thread_id=thread.id, content="x", parent_id=None, use_active_leaf=True, config={}, owner="bob"), "thread_not_found"),
+        (lambda: store.create_run(thread_id=thread.id, content="x", parent_id=None, use_active_leaf=False, config={}, owner="bob"), "thread_not_found"),
         (lambda: store.get_run("run_missing"), "run_not_found"),
         (lambda: store.request_cancel("run_missing", mode="soft", reason=None, actor="a"), "run_not_found"),
         (lambda: store.get_message("msg_missing"), "message_not_found"),

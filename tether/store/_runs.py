@@ -1,33 +1,29 @@
-"""The store's runs: creation, status transitions, and which process executes each one.
+"""The store's runs: their creation and status transitions (their leases are ``_leases``).
 
 Every transition that may race (a cancel against a finish, two processes claiming one run) is a
 single conditional write, ``UPDATE runs … WHERE status IN (…)``, so it holds across processes:
 the write that matches wins and the other finds nothing to change. "One active run per thread"
 is a partial unique index, so the database refuses a second one whoever asks.
-
-A process executing a run holds a *lease* on it (``executor_id``, ``lease_expires_at``) and
-renews it while it runs; a run whose lease lapsed (its process died) is claimed by another
-process, again by one conditional write.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from .._ids import as_utc, new_id, utcnow
+from .._ids import new_id, utcnow
 from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadBusy
 from ..events import Envelope, RunStarted, Status, StoredEvent
+from . import _notify as channels
 from ._engine import Writing
 from ._events import EventStore
 from ._records import (
     ACTIVE_RUN_STATUSES,
-    EXECUTOR_RUN_STATUSES,
     AuditEntry,
     CancelRequest,
     MessageRecord,
@@ -38,7 +34,7 @@ from ._records import (
     message_values,
     run_record,
 )
-from ._tables import Hot, audit, runs
+from ._tables import Hot, audit, events, messages, runs, threads
 from ._tree import append_message, splits_a_tool_turn
 
 __all__ = ["RunStore", "CreatedRun"]
@@ -97,6 +93,11 @@ class RunStore(EventStore):
         :class:`ThreadBusy` if it already has a non-terminal run (the partial unique index
         decides, so this holds across processes).
         """
+        if self._direct is not None and use_active_leaf and content is not None:
+            # The usual start (a new message after the active leaf) on PostgreSQL: one statement.
+            return await self._create_run_at_leaf_postgres(
+                thread_id=thread_id, content=content, config=config, owner=owner, requested_by=requested_by, running=running, run_id=run_id
+            )
         async with self._writing() as conn:
             now = utcnow()
             run_id = run_id or new_id("run")
@@ -171,6 +172,63 @@ class RunStore(EventStore):
             await conn.execute(Hot.set_active_leaf, {"of_thread": thread_id, "leaf_id": (first_turn or message).id, "now": now})
             await self._write_events(conn, run_id, written)
             return CreatedRun(run, message, written, first_turn)
+
+    async def _create_run_at_leaf_postgres(
+        self, *, thread_id: str, content: str, config: dict[str, Any], owner: str | None, requested_by: str | None, running: bool, run_id: str | None
+    ) -> CreatedRun:
+        """:meth:`create_run` of a new message after the active leaf, on PostgreSQL: the same
+        rows and notification in one statement, atomic on its own (autocommit), so one round
+        trip instead of seven (``BEGIN``, five statements, ``COMMIT``): each waits its turn of a
+        busy loop, and a crowd of starts waits for them all."""
+        assert self._direct is not None
+        now = utcnow()
+        run_id = run_id or new_id("run")
+        message_id = new_id("msg")
+        first_turn_id = new_id("msg") if running else None
+        lease = self._lease_values()
+        status = RunStatus.RUNNING if running else RunStatus.QUEUED
+        started_at = now if running else None
+        started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message_id), now)
+        written = [StoredEvent(1, started.type, started.to_json())]
+        if running:
+            announce = Envelope.wrap(run_id, 2, Status(stage="model", detail=None), now)
+            written.append(StoredEvent(2, announce.type, announce.to_json()))
+        arguments = (
+            thread_id,
+            owner,
+            run_id,
+            status.value,
+            json.dumps(config),
+            message_id,
+            now,
+            started_at,
+            requested_by,
+            lease["executor_id"],
+            lease["lease_expires_at"],
+            content,
+            first_turn_id,
+            first_turn_id or message_id,
+            [e.seq for e in written],
+            [e.type for e in written],
+            [e.envelope for e in written],
+            channels.EVENTS_CHANNEL,
+            channels.events_payloads(self.instance_id, [(run_id, written[-1].seq)]),
+        )
+        try:
+            async with self._direct.connection() as direct:
+                row = (await direct.exec_driver_sql(_CREATE_RUN_AT_LEAF_PG, arguments)).first()
+        except IntegrityError as exc:
+            if getattr(exc.orig, "constraint_name", None) == _ONE_ACTIVE_RUN_INDEX:
+                raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
+            raise
+        if row is None:  # no such thread (or not ``owner``'s): nothing was written
+            raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
+        message = MessageRecord(message_id, thread_id, row[0], run_id, "user", content, created_at=now)
+        first_turn = None
+        if first_turn_id is not None:
+            first_turn = MessageRecord(first_turn_id, thread_id, message_id, run_id, "assistant", "", status="partial", created_at=now)
+        run = RunRecord(run_id, thread_id, status, config, message_id, now, started_at, None, None, None, None, None, **lease, requested_by=requested_by)
+        return CreatedRun(run, message, written, first_turn)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -338,91 +396,37 @@ class RunStore(EventStore):
                 await _write_turn(conn, run_id, last_turn)
         return True
 
-    # -- leases: which process executes a run --------------------------------------------
 
-    async def renew_leases(self, run_ids: Sequence[str]) -> set[str]:
-        """Extend this process's claim on the runs it executes; returns the runs it still holds
-        (a run missing from the answer was taken over by another process)."""
-        if not run_ids:
-            return set()
-        async with self._writing() as conn:
-            result = await conn.execute(
-                runs.update()
-                .where(runs.c.id.in_(list(run_ids)), runs.c.executor_id == self.instance_id)
-                .values(lease_expires_at=self._lease_values()["lease_expires_at"])
-                .returning(runs.c.id)
-            )
-            return {row[0] for row in result}
+#: The partial unique index "one active run per thread" (``_tables.runs``).
+_ONE_ACTIVE_RUN_INDEX = "uq_runs_one_active_per_thread"
 
-    async def release_runs(self, run_ids: Sequence[str]) -> list[str]:
-        """Give up this process's claim on runs it stopped executing (it is shutting down), so
-        that another process may take them over at once instead of when the lease lapses.
-        Returns the runs released: those this process still held, needing an executor."""
-        if not run_ids:
-            return []
-        async with self._writing() as conn:
-            result = await conn.execute(
-                runs.update()
-                .where(
-                    runs.c.id.in_(list(run_ids)),
-                    runs.c.executor_id == self.instance_id,
-                    runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES)),
-                )
-                .values(executor_id=None, lease_expires_at=None)
-                .returning(runs.c.id)
-            )
-            return [row[0] for row in result]
-
-    async def next_lease_lapse(self) -> datetime | None:
-        """When the earliest claim another process holds on a run needing an executor runs out
-        (None if there is none): the moment to look for an abandoned run next."""
-        query = sa.select(sa.func.min(runs.c.lease_expires_at)).where(
-            runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES)),
-            runs.c.executor_id != self.instance_id,
-        )
-        async with self._point_reading() as conn:
-            earliest: datetime | None = (await conn.execute(query)).scalar()
-        return as_utc(earliest)
-
-    async def claim_abandoned(self, *, limit: int = 20) -> list[RunRecord]:
-        """Claim runs that need an executor and whose claim has lapsed (the process that
-        executed them died). Each is claimed by one conditional write: exactly one process
-        wins it."""
-        now = utcnow()
-        query = (
-            runs.select()
-            .where(
-                runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES)),
-                sa.or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at < now),
-            )
-            .limit(limit)
-        )
-        async with self._reading() as conn:
-            candidates = (await conn.execute(query)).all()
-        claimed: list[RunRecord] = []
-        for row in candidates:
-            async with self._writing() as conn:
-                result = await conn.execute(
-                    runs.update()
-                    .where(
-                        runs.c.id == row.id,
-                        runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES)),
-                        sa.or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at < now),
-                    )
-                    .values(**self._lease_values())
-                )
-                if result.rowcount == 1:
-                    fresh = (await conn.execute(runs.select().where(runs.c.id == row.id))).first()
-                    claimed.append(run_record(fresh))
-        return claimed
-
-    async def claim_all_active(self) -> list[RunRecord]:
-        """Single-process start-up (SQLite): every run that needs an executor is ours."""
-        needs_executor = runs.c.status.in_(_values(EXECUTOR_RUN_STATUSES))
-        async with self._writing() as conn:
-            await conn.execute(runs.update().where(needs_executor).values(**self._lease_values()))
-            rows = (await conn.execute(runs.select().where(needs_executor))).all()
-        return [run_record(r) for r in rows]
+#: :meth:`RunStore.create_run` of a new message after the active leaf, on PostgreSQL, as one
+#: statement: the thread is read (``$2``, an owner, or NULL for any), and the run, its user
+#: message (a child of the leaf read), the first turn's empty answer (when ``$13`` names it),
+#: the thread's new leaf, the events and their notification are written only if it was found.
+#: Data-modifying ``WITH`` parts run once each, on one snapshot; the foreign keys between the
+#: rows they insert are checked at the end of the statement; the notification goes on commit.
+#: Answers the leaf the message was attached to, or no row when the thread was not found.
+_CREATE_RUN_AT_LEAF_PG = f"""
+WITH thread AS (
+    SELECT active_leaf_id FROM {threads.name} WHERE id = $1::varchar AND ($2::varchar IS NULL OR owner = $2::varchar)
+), new_run AS (
+    INSERT INTO {runs.name} (id, thread_id, status, config, input_message_id, created_at, started_at, requested_by, executor_id, lease_expires_at)
+    SELECT $3::varchar, $1::varchar, $4::varchar, $5::json, $6::varchar, $7::timestamptz, $8::timestamptz, $9::varchar, $10::varchar, $11::timestamptz
+    FROM thread
+), new_messages AS (
+    INSERT INTO {messages.name} (id, thread_id, parent_id, run_id, role, content, status, created_at)
+    SELECT $6::varchar, $1::varchar, thread.active_leaf_id, $3::varchar, 'user', $12::text, 'complete', $7::timestamptz FROM thread
+    UNION ALL
+    SELECT $13::varchar, $1::varchar, $6::varchar, $3::varchar, 'assistant', '', 'partial', $7::timestamptz FROM thread WHERE $13::varchar IS NOT NULL
+), new_leaf AS (
+    UPDATE {threads.name} SET active_leaf_id = $14::varchar, updated_at = $7::timestamptz WHERE id = $1::varchar AND EXISTS (SELECT 1 FROM thread)
+), new_events AS (
+    INSERT INTO {events.name} (run_id, seq, type, envelope)
+    SELECT $3::varchar, e.seq, e.type, e.envelope FROM thread, unnest($15::int[], $16::varchar[], $17::text[]) AS e(seq, type, envelope)
+)
+SELECT thread.active_leaf_id, pg_notify($18::text, payload) FROM thread, unnest($19::text[]) AS payload
+"""
 
 
 def _from_statuses(statuses: Sequence[str]) -> dict[str, str]:
