@@ -1333,3 +1333,24 @@ async def test_postgresql_connections_opened_for_a_burst_stay_open_for_the_next_
         assert len(first) == POOL_CONNECTIONS
         # The next burst finds every connection of the first one open: none is opened again.
         assert await burst() == first
+
+
+async def test_a_thread_to_start_on_is_read_with_the_requesters_busy_runs_in_one_lookup(store: Store) -> None:
+    # Busy: queued, running, cancelling; a run waiting for a human holds nothing, an ended one neither.
+    threads = [await store.create_thread(owner="alice") for _ in range(5)]
+    queued, _, _ = await start_run(store, threads[0], requested_by="alice")
+    running, _, _ = await start_run(store, threads[1], requested_by="alice")
+    assert await store.mark_running(running.id)
+    cancelling, _, _ = await start_run(store, threads[2], requested_by="alice")
+    await store.request_cancel(cancelling.id, mode="soft", reason=None, actor="alice")
+    parked, _, _ = await start_run(store, threads[3], requested_by="alice")
+    assert await store.mark_running(parked.id)
+    await open_interrupt(store, parked)
+    ended, _, _ = await start_run(store, threads[4], requested_by="alice")
+    assert await finish(store, ended.id)
+    await start_run(store, await store.create_thread(owner="bob"), requested_by="bob")
+
+    found, busy = await store.find_thread_to_start(threads[0].id, requested_by="alice")
+    assert found == await store.find_thread(threads[0].id) and busy == 3 == await store.count_active_runs(requested_by="alice")
+    assert (await store.find_thread_to_start(threads[0].id, requested_by="carol"))[1] == 0
+    assert await store.find_thread_to_start("thr_missing", requested_by="alice") == (None, 0)

@@ -67,6 +67,14 @@ class Access:
         assert found is not None
         return found.record
 
+    async def thread_to_start(self, thread_id: str, *, requested_by: str) -> tuple[ThreadRecord, int]:
+        """A thread the caller may start a run on (as :meth:`thread` with ``to="write"``), and
+        how many runs ``requested_by`` has queued, running or cancelling: one lookup."""
+        found, busy = await self.store.find_thread_to_start(thread_id, requested_by=requested_by)
+        self._check(found, "write", NotFound(f"thread {thread_id!r} not found", code="thread_not_found"))
+        assert found is not None
+        return found.record, busy
+
     async def run(self, run_id: str, *, to: Purpose = "read") -> RunRecord:
         """A run the caller may ``to`` (by its thread); 404 ``run_not_found`` if they may not see it."""
         found = await self.store.find_run(run_id)

@@ -39,11 +39,11 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
     # A few run starts at a time: a crowd of new runs must not queue the runs already under
     # way (their writes and connections) behind all of its own.
     async with run_admission_of(request):
-        await access_of(request).thread(thread_id, to="write")
         caller = caller_of(request)
+        # The access check and the caller's active runs: one read.
+        _thread, active = await access_of(request).thread_to_start(thread_id, requested_by=caller)
         check_rate(run_start_buckets_of(request), caller, "run starts")
         limit = limits_of(request).max_active_runs_per_caller
-        active = await store_of(request).count_active_runs(requested_by=caller)
         if active >= limit:
             raise LimitExceeded(
                 f"you already have {active} runs queued or running; at most {limit} at once",

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from ._engine import StoreBase
 from ._records import MessageRecord, RunRecord, ThreadRecord, message_record, run_record, thread_record
-from ._tables import interrupts, messages, runs, threads
+from ._tables import Hot, interrupts, messages, runs, threads
 
 __all__ = ["Found", "LookupStore"]
 
@@ -51,6 +51,10 @@ def _in_thread_query(table: sa.Table) -> sa.Select[Any]:
 # Built once: every request checks access with one of these.
 _THREAD_QUERY = sa.select(threads, _reviewable(threads.c.id)).where(threads.c.id == sa.bindparam("row_id"))
 _IN_THREAD_QUERIES = {table.name: _in_thread_query(table) for table in (runs, messages)}
+#: A thread as ``_THREAD_QUERY`` reads it, with how many runs ``requested_by`` has busy.
+_THREAD_TO_START_QUERY = sa.select(threads, _reviewable(threads.c.id), Hot.count_busy_runs.scalar_subquery().label("tether_busy_runs")).where(
+    threads.c.id == sa.bindparam("row_id")
+)
 
 
 class LookupStore(StoreBase):
@@ -61,6 +65,16 @@ class LookupStore(StoreBase):
         async with self._point_reading() as conn:
             row = (await conn.execute(_THREAD_QUERY, {"row_id": thread_id})).first()
         return None if row is None else Found(thread_record(row), row.id, row.owner, bool(row.tether_reviewable))
+
+    async def find_thread_to_start(self, thread_id: str, *, requested_by: str) -> tuple[Found[ThreadRecord] | None, int]:
+        """:meth:`find_thread`, and how many runs ``requested_by`` has busy
+        (:meth:`~tether.store.Store.count_active_runs`), in one query: a run start's checks
+        read once before its write."""
+        async with self._point_reading() as conn:
+            row = (await conn.execute(_THREAD_TO_START_QUERY, {"row_id": thread_id, "requested_by": requested_by})).first()
+        if row is None:
+            return None, 0
+        return Found(thread_record(row), row.id, row.owner, bool(row.tether_reviewable)), int(row.tether_busy_runs)
 
     async def find_run(self, run_id: str) -> Found[RunRecord] | None:
         """A run, its thread's owner and whether that thread has interrupts; None if missing."""
