@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -158,13 +159,8 @@ class RunStore(EventStore):
             except IntegrityError:
                 raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
             new_messages = [message] if content is not None else []
-            started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message.id), now)
-            written = [StoredEvent(1, started.type, started.to_json())]
-            first_turn = None
-            if running:
-                announce = Envelope.wrap(run_id, 2, Status(stage="model", detail=None), now)
-                written.append(StoredEvent(2, announce.type, announce.to_json()))
-                first_turn = MessageRecord(new_id("msg"), thread_id, message.id, run_id, "assistant", "", status="partial", created_at=now)
+            written, first_turn = _first_writes(run_id, thread_id, message.id, now, running=running)
+            if first_turn is not None:
                 new_messages.append(first_turn)
             if new_messages:  # the input and the first turn in one statement (one round trip)
                 await conn.execute(Hot.insert_message, [message_values(m) for m in new_messages])
@@ -184,15 +180,11 @@ class RunStore(EventStore):
         now = utcnow()
         run_id = run_id or new_id("run")
         message_id = new_id("msg")
-        first_turn_id = new_id("msg") if running else None
+        written, first_turn = _first_writes(run_id, thread_id, message_id, now, running=running)
+        first_turn_id = first_turn.id if first_turn is not None else None
         lease = self._lease_values()
         status = RunStatus.RUNNING if running else RunStatus.QUEUED
         started_at = now if running else None
-        started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=message_id), now)
-        written = [StoredEvent(1, started.type, started.to_json())]
-        if running:
-            announce = Envelope.wrap(run_id, 2, Status(stage="model", detail=None), now)
-            written.append(StoredEvent(2, announce.type, announce.to_json()))
         arguments = (
             thread_id,
             owner,
@@ -224,9 +216,6 @@ class RunStore(EventStore):
         if row is None:  # no such thread (or not ``owner``'s): nothing was written
             raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
         message = MessageRecord(message_id, thread_id, row[0], run_id, "user", content, created_at=now)
-        first_turn = None
-        if first_turn_id is not None:
-            first_turn = MessageRecord(first_turn_id, thread_id, message_id, run_id, "assistant", "", status="partial", created_at=now)
         run = RunRecord(run_id, thread_id, status, config, message_id, now, started_at, None, None, None, None, None, **lease, requested_by=requested_by)
         return CreatedRun(run, message, written, first_turn)
 
@@ -395,6 +384,18 @@ class RunStore(EventStore):
             if last_turn is not None:
                 await _write_turn(conn, run_id, last_turn)
         return True
+
+
+def _first_writes(run_id: str, thread_id: str, input_id: str, now: datetime, *, running: bool) -> tuple[list[StoredEvent], MessageRecord | None]:
+    """What a new run's creation writes besides the run and its input: ``run_started`` and,
+    for a run created running, its first ``status`` and its first model turn's empty answer."""
+    started = Envelope.wrap(run_id, 1, RunStarted(thread_id=thread_id, input_message_id=input_id), now)
+    written = [StoredEvent(1, started.type, started.to_json())]
+    if not running:
+        return written, None
+    announce = Envelope.wrap(run_id, 2, Status(stage="model", detail=None), now)
+    written.append(StoredEvent(2, announce.type, announce.to_json()))
+    return written, MessageRecord(new_id("msg"), thread_id, input_id, run_id, "assistant", "", status="partial", created_at=now)
 
 
 #: The partial unique index "one active run per thread" (``_tables.runs``).
