@@ -1215,17 +1215,56 @@ async def test_a_run_taken_over_by_another_store_can_no_longer_be_ended_or_parke
         assert await other.finish_run(run.id, status="completed", final_event=final, from_statuses=("running",), as_executor=True)
 
 
-def test_the_head_revision_is_the_newest_migration_and_a_store_at_head_does_not_load_alembic(tmp_path: Path) -> None:
+#: A process that opens a store and the demo agent's own table, works a run through the store,
+#: and prints which of the modules a restart should not need are loaded: first after that work,
+#: then after an agent's own write through ``Store.transaction()`` (which makes the async engine).
+_OPEN_AND_WORK = """
+import asyncio, json, sys
+from tether.demo import DemoShop, demo_effects
+from tether.store import Store
+LAZY = ("alembic", "sqlalchemy.ext.asyncio", "sqlalchemy.orm", "greenlet", "aiosqlite")
+async def main():
+    store = await Store.open(sys.argv[1])
+    await DemoShop().open(store)
+    thread = await store.create_thread(owner="local")
+    created = await store.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={}, owner="local")
+    assert [e.type for e in await store.read_events(created.run.id)][0] == "run_started"
+    before = [m for m in LAZY if m in sys.modules]
+    async with store.transaction() as conn:
+        await conn.execute(demo_effects.insert().values(call_id="c", run_id=created.run.id, tool="t", args={}, ts=created.run.created_at))
+    async with store.connection() as conn:
+        rows = (await conn.execute(demo_effects.select())).all()
+    await store.aclose()
+    print(json.dumps({"before": before, "after": [m for m in LAZY if m in sys.modules], "effects": len(rows)}))
+asyncio.run(main())
+"""
+
+
+def test_the_head_revision_is_the_newest_migration(tmp_path: Path) -> None:
     from tether.store._engine import HEAD_REVISION
 
     config = Config()
     config.set_main_option("script_location", str(Path(tables.__file__).parent / "migrations"))
     assert ScriptDirectory.from_config(config).get_current_head() == HEAD_REVISION
-    url = f"sqlite:///{tmp_path / 'at-head.db'}"
-    opened = "import asyncio, sys; from tether.store import Store\nasync def main():\n    await (await Store.open({url!r})).aclose()\nasyncio.run(main()); print('alembic' in sys.modules)"
-    first = subprocess.run([sys.executable, "-c", opened.format(url=url)], capture_output=True, text=True, timeout=60, check=True)
-    again = subprocess.run([sys.executable, "-c", opened.format(url=url)], capture_output=True, text=True, timeout=60, check=True)
-    assert (first.stdout.strip(), again.stdout.strip()) == ("True", "False")  # migrated once, then only checked
+
+
+def test_a_restart_on_a_database_at_head_loads_neither_alembic_nor_the_async_engine_until_an_agent_uses_it(db_url: str) -> None:
+    """The store's own operations never go through SQLAlchemy's asyncio engine: on a database at
+    the newest schema, with an agent's tables already there, neither Alembic nor that engine's
+    modules are imported; an agent's first ``Store.transaction()`` makes the engine and works."""
+
+    def open_and_work() -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", _OPEN_AND_WORK, db_url], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    first = open_and_work()  # an empty database: migrated, the demo's table created
+    assert "alembic" in first["before"] and "sqlalchemy.ext.asyncio" in first["before"]
+    again = open_and_work()  # a restart: only checked
+    assert again["before"] == []
+    assert "sqlalchemy.ext.asyncio" in again["after"] and "alembic" not in again["after"]
+    assert (first["effects"], again["effects"]) == (1, 2)
 
 
 async def test_closing_a_postgresql_store_does_not_wait_forever_for_a_connection_never_given_back(pg_db_url: str) -> None:

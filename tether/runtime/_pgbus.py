@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..events import StoredEvent
-from ..store._engine import pg_dsn
 from ..store._notify import CONTROL_CHANNEL, EVENTS_CHANNEL, parse_control_payload, parse_events_payload
 from ._bus import LocalBus
 
@@ -171,8 +170,7 @@ async def open_bus(store: Store, max_pending_bytes: int) -> LocalBus:
     may share the database, so also hear what they commit and command (started here)."""
     if store.is_sqlite:
         return LocalBus(max_pending_bytes=max_pending_bytes)
-    dsn = pg_dsn(store.engine)
-    bus = PostgresBus(dsn, store.instance_id, read_events=_event_reader(store), max_pending_bytes=max_pending_bytes)
+    bus = PostgresBus(store.pg_dsn, store.instance_id, read_events=_event_reader(store), max_pending_bytes=max_pending_bytes)
     await bus.start()
     return bus
 

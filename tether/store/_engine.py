@@ -6,6 +6,12 @@ write transactions with a lock (as Datasette does) instead of letting them colli
 ``SQLITE_BUSY``, runs them on the event loop's thread and its reads in a few threads (``_sqlite``
 says why). Readers never wait.
 
+The store's own operations never touch SQLAlchemy's asyncio engine (``_sqlite``, ``_pgdirect``):
+it serves migrations, agents' own tables and an in-memory SQLite database, and is made the first
+time one of them needs it. A process that starts on a database already at the newest schema
+does not import SQLAlchemy's asyncio layer, its ORM (which that layer imports), greenlet or
+aiosqlite until then: about 8 MiB of memory.
+
 Several stores may open one database at once (server processes starting together): the schema
 is migrated under a lock, in the database and in the process, so exactly one of them creates it.
 """
@@ -14,15 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeAlias
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from .._ids import new_id, utcnow
 from ..errors import Overloaded
@@ -30,13 +36,16 @@ from ._pgdirect import DIRECT_CONNECTIONS, DirectConnection, DirectPool
 from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 from ._writelock import WriteLock
 
-__all__ = ["StoreBase", "normalize_db_url", "pg_dsn", "Writing", "Reading"]
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+__all__ = ["StoreBase", "normalize_db_url", "Writing", "Reading"]
 
 #: What a store operation writes through: the inline SQLite writer, a PostgreSQL connection of
 #: the direct pool, or (an in-memory SQLite database) the async driver's connection.
-Writing = InlineWriter | DirectConnection | AsyncConnection
+Writing: TypeAlias = "InlineWriter | DirectConnection | AsyncConnection"
 #: What a store operation reads through.
-Reading = ThreadedReader | InlineReader | InlineWriter | DirectConnection | AsyncConnection
+Reading: TypeAlias = "ThreadedReader | InlineReader | InlineWriter | DirectConnection | AsyncConnection"
 
 
 #: PostgreSQL connections one process's SQLAlchemy pool uses at most (migrations and agents' own
@@ -54,11 +63,6 @@ def normalize_db_url(url: str) -> str:
     return url
 
 
-def pg_dsn(engine: AsyncEngine) -> str:
-    """The libpq-style URL of a PostgreSQL engine's database, for connecting with asyncpg itself."""
-    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 def _refuse_closed_connection(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
     """A pooled PostgreSQL connection that the server closed (a restart, an idle timeout, an
     administrator) is replaced at checkout, before anything runs on it.
@@ -74,14 +78,19 @@ def _refuse_closed_connection(dbapi_connection: Any, _record: Any, _proxy: Any) 
 class StoreBase:
     """Connections, transactions and the schema; the store's operations build on these."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
-        self.is_sqlite = engine.dialect.name == "sqlite"
+    def __init__(self, url: str) -> None:
+        """A store on ``url`` (as :func:`normalize_db_url` gives it); :meth:`open` is the way in."""
+        self.url = sa.engine.make_url(url)
+        self.is_sqlite = self.url.get_backend_name() == "sqlite"
+        #: The libpq-style URL of a PostgreSQL database, for connecting with asyncpg itself.
+        self.pg_dsn = "" if self.is_sqlite else self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        #: SQLAlchemy's async engine, made at first use (:attr:`engine`).
+        self._engine: AsyncEngine | None = None
         #: SQLite: the store's own synchronous connections (``_sqlite``), opened once the schema
         #: is there; the async engine then only serves migrations and agents' own tables.
         self._sqlite: SQLiteConnections | None = None
         #: PostgreSQL: the store's own operations, on asyncpg directly (``_pgdirect``).
-        self._direct: DirectPool | None = None if self.is_sqlite else DirectPool(pg_dsn(engine))
+        self._direct: DirectPool | None = None if self.is_sqlite else DirectPool(self.pg_dsn)
         #: This process's identity: it owns the runs it executes (``runs.executor_id``) and
         #: tags its notifications so it can ignore its own.
         self.instance_id = new_id("proc")
@@ -95,29 +104,27 @@ class StoreBase:
     @classmethod
     async def open(cls, url: str) -> Self:
         """Connect to ``url`` and bring the schema up to date (creating a SQLite file if needed)."""
-        url = normalize_db_url(url)
-        kwargs: dict[str, Any] = {}
-        if url.startswith("sqlite"):
-            path = sa.engine.make_url(url).database
-            if path and path != ":memory:":
-                Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  # once, at start-up
-            kwargs["connect_args"] = {"timeout": 30}
-        else:
-            # Up to POOL_CONNECTIONS at once, all kept open once opened: an overflow connection,
-            # closed as soon as it is returned, would be opened again under the next burst, and
-            # each new connection pays a TCP and SSL handshake, asyncpg's type introspection and
-            # the preparing of every statement anew.
-            kwargs.update(pool_size=POOL_CONNECTIONS, max_overflow=0)
-        engine = create_async_engine(url, **kwargs)
-        if engine.dialect.name == "sqlite":
-            sa_event.listen(engine.sync_engine, "connect", sqlite_pragmas(busy_timeout_s=30.0))
-        else:
-            sa_event.listen(engine.sync_engine, "checkout", _refuse_closed_connection)
-        store = cls(engine)
+        store = cls(normalize_db_url(url))
+        if store.is_sqlite and store._file_path is not None:
+            Path(store._file_path).expanduser().parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  # once, at start-up
         await store.migrate()
-        if store.is_sqlite and sa.engine.make_url(url).database not in (None, "", ":memory:"):
-            store._sqlite = SQLiteConnections(url)
+        if store._file_path is not None:
+            store._sqlite = SQLiteConnections(str(store.url))
         return store
+
+    @property
+    def _file_path(self) -> str | None:
+        """A SQLite database's file; None for PostgreSQL and for an in-memory database."""
+        if not self.is_sqlite or self.url.database in (None, "", ":memory:"):
+            return None
+        return self.url.database
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """SQLAlchemy's async engine on this database, made the first time it is asked for."""
+        if self._engine is None:
+            self._engine = _async_engine(self.url)
+        return self._engine
 
     async def migrate(self) -> None:
         """Apply pending Alembic migrations (Alembic is only imported when there are some)."""
@@ -142,16 +149,47 @@ class StoreBase:
     async def _schema_revision(self) -> str | None:
         """The revision Alembic recorded in the database; None before the first migration, or
         when it cannot be told yet (another store is creating the database this moment: then
-        the migration path, under the schema lock, finds out)."""
+        the migration path, under the schema lock, finds out). Read without the async engine."""
         try:
-            async with self._async_reading() as conn:
-                return (await conn.exec_driver_sql("SELECT version_num FROM alembic_version")).scalar()
-        except sa.exc.DBAPIError:
-            return None  # no such table yet, or the new database is locked by its creator
+            if self._direct is not None:
+                async with self._direct.connection() as direct:
+                    revision = (await direct.exec_driver_sql(_REVISION_SQL)).scalar()
+                    return None if revision is None else str(revision)
+            if (path := self._file_path) is not None:
+                return await asyncio.to_thread(_sqlite_revision, path)
+            async with self._async_reading() as conn:  # an in-memory SQLite database
+                return (await conn.exec_driver_sql(_REVISION_SQL)).scalar()
+        except Exception:  # no such table yet, the new database locked by its creator, or a driver's error the migration path reports
+            return None
 
     async def create_tables(self, metadata: sa.MetaData) -> None:
-        """Create an agent's own tables if missing (safe when several processes start at once)."""
+        """Create an agent's own tables if missing (safe when several processes start at once).
+
+        When every table is there already (a restart), that is found out without the async
+        engine, and nothing else happens."""
+        if await self._tables_exist(metadata):
+            return
         await self._under_schema_lock(metadata.create_all)
+
+    async def _tables_exist(self, metadata: sa.MetaData) -> bool:
+        """Whether every table of ``metadata`` exists (False when that cannot be told cheaply:
+        ``create_all`` then checks table by table)."""
+        tables = list(metadata.tables.values())
+        if any(table.schema is not None for table in tables):
+            return False
+        names = [table.name for table in tables]
+        if self._direct is not None:
+            async with self._direct.connection() as direct:
+                found = await direct.exec_driver_sql(
+                    "SELECT count(*) FROM unnest($1::text[]) AS t(name) WHERE to_regclass(quote_ident(name)) IS NOT NULL", (names,)
+                )
+        elif self._sqlite is not None:
+            found = await self._sqlite.point_reader.exec_driver_sql(
+                f"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ({', '.join('?' * len(names))})", names
+            )
+        else:
+            return False
+        return bool(found.scalar() == len(names))
 
     async def _under_schema_lock(self, fn: Callable[[sa.Connection], Any]) -> None:
         async with _process_migration_lock():
@@ -170,7 +208,8 @@ class StoreBase:
             await asyncio.to_thread(self._sqlite.close)
         if self._direct is not None:
             await self._direct.aclose()
-        await self.engine.dispose()
+        if self._engine is not None:
+            await self._engine.dispose()
 
     # -- connections -----------------------------------------------------------------------
 
@@ -239,6 +278,37 @@ class StoreBase:
     def _lease_values(self) -> dict[str, Any]:
         """The ``runs`` columns that make this process the run's executor, for ``lease_s``."""
         return {"executor_id": self.instance_id, "lease_expires_at": utcnow() + timedelta(seconds=self.lease_s)}
+
+
+def _async_engine(url: sa.engine.URL) -> AsyncEngine:
+    """SQLAlchemy's async engine on ``url``, with the store's connection settings."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    kwargs: dict[str, Any] = {}
+    if url.get_backend_name() == "sqlite":
+        kwargs["connect_args"] = {"timeout": 30}
+    else:
+        # Up to POOL_CONNECTIONS at once, all kept open once opened: an overflow connection,
+        # closed as soon as it is returned, would be opened again under the next burst, and
+        # each new connection pays a TCP and SSL handshake, asyncpg's type introspection and
+        # the preparing of every statement anew.
+        kwargs.update(pool_size=POOL_CONNECTIONS, max_overflow=0)
+    engine = create_async_engine(url, **kwargs)
+    if engine.dialect.name == "sqlite":
+        sa_event.listen(engine.sync_engine, "connect", sqlite_pragmas(busy_timeout_s=30.0))
+    else:
+        sa_event.listen(engine.sync_engine, "checkout", _refuse_closed_connection)
+    return engine
+
+
+_REVISION_SQL = "SELECT version_num FROM alembic_version"
+
+
+def _sqlite_revision(path: str) -> str | None:
+    """The revision recorded in a SQLite file, read on a connection of its own (in a thread)."""
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as raw:
+        row = raw.execute(_REVISION_SQL).fetchone()
+    return None if row is None else str(row[0])
 
 
 #: PostgreSQL advisory lock key held while migrating (any constant; "tether" in ASCII).

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..events import StoredEvent
 from . import _notify as channels
@@ -55,6 +54,8 @@ class EventStore(StoreBase):
                 await self._insert_events_postgres(direct, batches)
             return
         async with self._writing() as conn:  # an in-memory SQLite database, on the async driver's connection
+            from sqlalchemy.ext.asyncio import AsyncConnection
+
             assert isinstance(conn, AsyncConnection)
             await conn.run_sync(lambda sync_conn: _insert_events_sqlite(sync_conn.exec_driver_sql, batches))
 
