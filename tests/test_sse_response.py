@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from tether.server._sse import EventStreamResponse
+from tether.events import Done, Envelope, Event, RunStarted, Status, StoredEvent, Token, now_ts
+from tether.runtime import LocalBus
+from tether.server._sse import EventStreamResponse, sse_response
 
 pytestmark = pytest.mark.anyio
 
@@ -230,3 +232,33 @@ async def test_a_receive_that_fails_ends_the_stream_with_its_error() -> None:
             await asyncio.create_task(serve(response(body, releases), client))
         assert body.closed
         assert releases == [1]
+
+
+async def test_a_run_stream_sends_retry_with_its_first_events_and_ends_with_its_terminal_event() -> None:
+    """A live run's stream, as ``sse_response`` builds it (the store is never read: the
+    subscription was open before the first event): ``retry:`` goes out in the same send as the
+    run's first events, and the terminal event in the send that ends the response."""
+    bus = LocalBus()
+    live = bus.open("run_1")
+    releases: list[int] = []
+    resp = sse_response(None, bus, "run_1", after_seq=0, release=lambda: releases.append(1), live=live)  # type: ignore[arg-type]  # a live stream does not read the store
+    client = Client()
+    async with asyncio.timeout(10):
+        serving = asyncio.create_task(serve(resp, client))
+        bus.publish("run_1", [stored(1, RunStarted(thread_id="thr_1", input_message_id=None)), stored(2, Status(stage="model"))])
+        await client.chunk_sent.wait()
+        client.chunk_sent.clear()
+        bus.publish("run_1", [stored(3, Token(message_id="msg_1", text="hi"))])
+        await client.chunk_sent.wait()
+        bus.publish("run_1", [stored(4, Done(message_id="msg_1"))])
+        await serving
+    bodies = [(m["body"].decode(), m["more_body"]) for m in client.sent if m["type"] == "http.response.body"]
+    assert [more for _, more in bodies] == [True, True, False]
+    first, token, last = (body for body, _ in bodies)
+    assert first.startswith("retry: 1000\n\n") and "event: run_started" in first and "event: status" in first
+    assert "event: token" in token and last.startswith("id: 4\nevent: done\n")
+    assert releases == [1] and bus.subscriber_count("run_1") == 0
+
+
+def stored(seq: int, event: Event) -> StoredEvent:
+    return StoredEvent(seq, event.type, Envelope.encode("run_1", seq, event, now_ts()))

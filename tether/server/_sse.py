@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..errors import Overloaded
+from ..events import TERMINAL_TYPES
 from ..runtime import FellBehind, LocalBus, StreamEnded, Subscription, follow_run
 from ..sse import PING, encode_comment, encode_event, encode_retry
 from ..store import Store
@@ -43,28 +44,44 @@ def stopping_comment(last_seq: int) -> str:
     return encode_comment(f"disconnected: this server is shutting down; reconnect with Last-Event-ID: {last_seq}")
 
 
+class _Last(str):
+    """The last chunk of a body (its terminal event, or the comment a cut-off stream ends with):
+    sent together with the end of the response, in one write to the socket."""
+
+    __slots__ = ()
+
+
 async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, ping_s: float, live: Subscription | None) -> AsyncGenerator[str, None]:
-    yield encode_retry(RETRY_MS)
+    # ``retry:`` goes out with the first thing sent (the events the stream begins with, or a
+    # keep-alive): one write to the socket less per stream.
+    first = encode_retry(RETRY_MS)
     last = after_seq
     try:
         async for batch in follow_run(store, bus, run_id, after_seq=after_seq, idle_timeout=ping_s, stop_when_behind=True, live=live):
+            ends = bool(batch) and batch[-1].type in TERMINAL_TYPES
             if not batch:
-                yield PING
-                continue
-            if len(batch) == 1:  # a live stream's usual batch: one token
+                chunks: Iterable[str] = (PING,)
+            elif len(batch) == 1:  # a live stream's usual batch: one token
                 e = batch[0]
-                yield encode_event(e.seq, e.type, e.envelope)
+                chunks = (encode_event(e.seq, e.type, e.envelope),)
             else:
-                for chunk in _chunks(encode_event(e.seq, e.type, e.envelope) for e in batch):
-                    yield chunk
-            last = batch[-1].seq
+                chunks = list(_chunks(encode_event(e.seq, e.type, e.envelope) for e in batch))
+            *before, final = chunks
+            for chunk in before:
+                yield first + chunk
+                first = ""
+            yield _Last(first + final) if ends else first + final
+            first = ""
+            last = batch[-1].seq if batch else last
     except FellBehind as behind:
-        yield fell_behind_comment(behind.last_seq)
+        yield _Last(first + fell_behind_comment(behind.last_seq))
     except StreamEnded as ended:
-        yield stopping_comment(ended.last_seq)
+        yield _Last(first + stopping_comment(ended.last_seq))
     except Overloaded:
         # The store is out of connections: end this stream cleanly; its client comes back.
-        yield encode_comment(f"disconnected: the server is busy; reconnect with Last-Event-ID: {last}")
+        yield _Last(first + encode_comment(f"disconnected: the server is busy; reconnect with Last-Event-ID: {last}"))
+    if first:  # nothing was sent (the run had ended before the cursor)
+        yield first
 
 
 def _chunks(events: Iterable[str]) -> Iterator[str]:
@@ -137,9 +154,15 @@ class EventStreamResponse(Response):
         try:
             async with aclosing(self.body_iterator) as body:
                 await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                ended = False
                 async for chunk in body:
-                    await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    # A body yields nothing after its last chunk (``_Last``), which ends the
+                    # response in the same write.
+                    assert not ended, "a chunk after the last one"
+                    ended = isinstance(chunk, _Last)
+                    await send({"type": "http.response.body", "body": chunk.encode(), "more_body": not ended})
+                if not ended:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             # The watcher's cancel, and no one else's: the client went away, the response is over.
             if not gone or task.uncancel() > 0:
