@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,8 +24,9 @@ import pytest
 
 from tether.client import AsyncClient
 from tether.events import TERMINAL_TYPES, Envelope
+from tether.store import Store
 
-from .conftest import LiveServer, script
+from .conftest import LiveServer, ServerProcess, script
 
 pytestmark = pytest.mark.anyio
 
@@ -567,3 +569,28 @@ async def test_concurrent_runs_on_an_idle_thread_admit_exactly_one(http: httpx.A
     assert [m["id"] for m in users] == [run["input_message_id"]]  # the refused runs left nothing behind
     tree = (await http.get(f"/v1/threads/{thread_id}/messages", params={"view": "tree"})).json()["items"]
     assert sum(m["role"] == "user" for m in tree) == 1
+
+
+async def test_a_cancel_recorded_without_a_word_to_the_executor_is_picked_up_by_its_lease_keeper(db_url: str, tmp_path: Path) -> None:
+    """The lease keeper's backstop, for a cancel whose notification was lost: a cancel written
+    straight into the store (no notification, no call to the server) still reaches the run's
+    executor at its next lease renewal, and the run ends ``cancelled``."""
+    server = ServerProcess(db_url, tmp_path / "server.log", extra_args=("--lease-seconds", "0.6")).start()
+    store = await Store.open(db_url)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http, asyncio.timeout(60):
+            thread_id = await new_thread(http)
+            started = await http.post(f"/v1/threads/{thread_id}/runs", json={"input": {"content": script({"tokens": 100_000, "delay_ms": 10})}})
+            assert started.status_code == 202, started.text
+            run_id = started.json()["id"]
+            while (await http.get(f"/v1/runs/{run_id}")).json()["status"] != "running":
+                await asyncio.sleep(0.02)
+            await store.request_cancel(run_id, mode="soft", reason="lost notification", actor="someone else")
+            while (run := (await http.get(f"/v1/runs/{run_id}")).json())["status"] == "cancelling":
+                await asyncio.sleep(0.05)
+            assert run["status"] == "cancelled", run
+            log = (await http.get(f"/v1/runs/{run_id}/events", params={"limit": 1000})).json()["items"]
+            assert log[-1]["type"] == "cancelled"
+    finally:
+        await store.aclose()
+        server.stop()

@@ -600,7 +600,7 @@ async def test_a_cancel_request_claims_a_run_no_process_holds_so_no_other_takes_
         assert await other.claim_abandoned() == []
         # The canceller dies before ending it: once its claim lapses, another process can.
         store.lease_s = other.lease_s = 0.05
-        assert await store.renew_leases([run.id]) == {run.id}  # now a 50 ms claim
+        assert await store.renew_leases([run.id]) == {run.id: "soft"}  # now a 50 ms claim, on a run still cancelling
         await asyncio.sleep(0.1)  # past the 50 ms lease: the lapse itself is what is tested
         assert [r.id for r in await other.claim_abandoned()] == [run.id]
 
@@ -1190,20 +1190,31 @@ async def test_timestamps_come_back_timezone_aware_utc_as_the_same_instant(store
     assert current.started_at <= current.ended_at  # type: ignore[operator]
 
 
+async def test_a_lease_renewal_reports_the_cancel_mode_of_each_cancelling_run_it_holds(store: Store) -> None:
+    running, quiet = [(await start_run(store, await store.create_thread(owner="alice")))[0] for _ in range(2)]
+    for run in (running, quiet):
+        assert await store.mark_running(run.id)
+    assert await store.renew_leases([running.id, quiet.id]) == {running.id: None, quiet.id: None}
+    await store.request_cancel(running.id, mode="soft", reason=None, actor="alice")
+    assert await store.renew_leases([running.id, quiet.id]) == {running.id: "soft", quiet.id: None}
+    await store.request_cancel(running.id, mode="hard", reason=None, actor="alice")  # upgraded
+    assert await store.renew_leases([running.id, quiet.id, "run_missing"]) == {running.id: "hard", quiet.id: None}
+
+
 async def test_a_run_taken_over_by_another_store_can_no_longer_be_ended_or_parked_by_the_first(store: Store, database_url: str) -> None:
     thread = await store.create_thread(owner="alice")
     run, _, _ = await start_run(store, thread)
     assert await store.mark_running(run.id)
-    assert await store.renew_leases([run.id]) == {run.id}  # ours, and still held
+    assert await store.renew_leases([run.id]) == {run.id: None}  # ours, and still held
     async with another_store(database_url) as other:
         # The first store stalls past its lease; the other one claims the run.
         store.lease_s = other.lease_s = 0.05
-        assert await store.renew_leases([run.id]) == {run.id}
+        assert await store.renew_leases([run.id]) == {run.id: None}
         await asyncio.sleep(0.1)
         claimed = await other.claim_abandoned()
         assert [r.id for r in claimed] == [run.id] and claimed[0].executor_id == other.instance_id
         # The first store learns it at its next renewal, and cannot finish or park the run.
-        assert await store.renew_leases([run.id]) == set()
+        assert await store.renew_leases([run.id]) == {}
         final = stored(run.id, 2, Done(message_id=None))
         assert not await store.finish_run(run.id, status="completed", final_event=final, from_statuses=("running",), as_executor=True)
         assert not await store.open_interrupt(

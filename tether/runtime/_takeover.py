@@ -112,17 +112,17 @@ class Takeover:
             await asyncio.sleep(interval)
             try:
                 local = [rid for rid, ex in self._executors.items() if not ex.parked]
+                # One statement, however many runs: each run's own read here was a stall of
+                # the loop every few seconds under hundreds of runs.
                 held = await self.store.renew_leases(local)
-                for run_id in set(local) - held:
+                for run_id in set(local) - held.keys():
                     # Taken over while we stalled: stop executing it, write nothing more
                     # (an outside cancellation; the run now belongs to another process).
                     self._stop_task_of(run_id)
-                for run_id in local:
+                for run_id, cancel_mode in held.items():
                     executor = self._executors.get(run_id)
-                    if executor is not None and executor.cancel_mode != "hard":
-                        current = await self.store.get_run(run_id)
-                        if current.status == "cancelling" and current.cancel_mode != executor.cancel_mode:
-                            executor.request_cancel(as_cancel_mode(current.cancel_mode))
+                    if cancel_mode is not None and executor is not None and executor.cancel_mode not in ("hard", cancel_mode):
+                        executor.request_cancel(as_cancel_mode(cancel_mode))
             except Exception:
                 log.exception("lease keeper failed; retrying")
 

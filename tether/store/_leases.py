@@ -23,19 +23,21 @@ __all__ = ["LeaseStore"]
 class LeaseStore(StoreBase):
     """Lease operations of :class:`~tether.store.Store`."""
 
-    async def renew_leases(self, run_ids: Sequence[str]) -> set[str]:
-        """Extend this process's claim on the runs it executes; returns the runs it still holds
-        (a run missing from the answer was taken over by another process)."""
+    async def renew_leases(self, run_ids: Sequence[str]) -> dict[str, str | None]:
+        """Extend this process's claim on the runs it executes. Returns the runs it still holds
+        (a run missing from the answer was taken over by another process), each with the cancel
+        mode recorded for it if it is ``cancelling`` (else None): what the lease keeper checks
+        for a cancel whose notification was lost, in the same statement."""
         if not run_ids:
-            return set()
+            return {}
         async with self._writing() as conn:
             result = await conn.execute(
                 runs.update()
                 .where(runs.c.id.in_(list(run_ids)), runs.c.executor_id == self.instance_id)
                 .values(lease_expires_at=self._lease_values()["lease_expires_at"])
-                .returning(runs.c.id)
+                .returning(runs.c.id, runs.c.status, runs.c.cancel_mode)
             )
-            return {row[0] for row in result}
+            return {run_id: cancel_mode if status == "cancelling" else None for run_id, status, cancel_mode in result}
 
     async def release_runs(self, run_ids: Sequence[str]) -> list[str]:
         """Give up this process's claim on runs it stopped executing (it is shutting down), so
