@@ -52,9 +52,13 @@ class _Last(str):
 
 
 async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, ping_s: float, live: Subscription | None) -> AsyncGenerator[str, None]:
-    # ``retry:`` goes out with the first thing sent (the events the stream begins with, or a
-    # keep-alive): one write to the socket less per stream.
     first = encode_retry(RETRY_MS)
+    if live is None:
+        # A follower's stream: ``retry:`` at once, before anything else is there.
+        yield first
+        first = ""
+    # else a stream of a run this request starts: its first events are there at once, and
+    # ``retry:`` goes out with them, one write to the socket less.
     last = after_seq
     try:
         async for batch in follow_run(store, bus, run_id, after_seq=after_seq, idle_timeout=ping_s, stop_when_behind=True, live=live):
