@@ -10,7 +10,7 @@ The store's own operations never touch SQLAlchemy's asyncio engine (``_sqlite``,
 it serves migrations, agents' own tables and an in-memory SQLite database, and is made the first
 time one of them needs it. A process that starts on a database already at the newest schema
 does not import SQLAlchemy's asyncio layer, its ORM (which that layer imports), greenlet or
-aiosqlite until then: about 8 MiB of memory.
+aiosqlite until then: about 7 MiB of memory.
 
 Several stores may open one database at once (server processes starting together): the schema
 is migrated under a lock, in the database and in the process, so exactly one of them creates it.
