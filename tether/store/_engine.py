@@ -105,7 +105,7 @@ class StoreBase:
     async def open(cls, url: str) -> Self:
         """Connect to ``url`` and bring the schema up to date (creating a SQLite file if needed)."""
         store = cls(normalize_db_url(url))
-        if store.is_sqlite and store._file_path is not None:
+        if store._file_path is not None:
             Path(store._file_path).expanduser().parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  # once, at start-up
         await store.migrate()
         if store._file_path is not None:
@@ -284,19 +284,15 @@ def _async_engine(url: sa.engine.URL) -> AsyncEngine:
     """SQLAlchemy's async engine on ``url``, with the store's connection settings."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    kwargs: dict[str, Any] = {}
     if url.get_backend_name() == "sqlite":
-        kwargs["connect_args"] = {"timeout": 30}
+        engine = create_async_engine(url, connect_args={"timeout": 30})
+        sa_event.listen(engine.sync_engine, "connect", sqlite_pragmas(busy_timeout_s=30.0))
     else:
         # Up to POOL_CONNECTIONS at once, all kept open once opened: an overflow connection,
         # closed as soon as it is returned, would be opened again under the next burst, and
         # each new connection pays a TCP and SSL handshake, asyncpg's type introspection and
         # the preparing of every statement anew.
-        kwargs.update(pool_size=POOL_CONNECTIONS, max_overflow=0)
-    engine = create_async_engine(url, **kwargs)
-    if engine.dialect.name == "sqlite":
-        sa_event.listen(engine.sync_engine, "connect", sqlite_pragmas(busy_timeout_s=30.0))
-    else:
+        engine = create_async_engine(url, pool_size=POOL_CONNECTIONS, max_overflow=0)
         sa_event.listen(engine.sync_engine, "checkout", _refuse_closed_connection)
     return engine
 
