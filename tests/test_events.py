@@ -8,7 +8,7 @@ from datetime import UTC
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tether.events import EVENT_TYPES, TERMINAL_TYPES, Envelope, Thinking, Token, format_ts, now_ts
+from tether.events import EVENT_TYPES, TERMINAL_TYPES, DeltaEncoder, Envelope, Thinking, Token, format_ts, now_ts
 from tether.sse import PING, encode_event, encode_retry
 
 
@@ -20,6 +20,19 @@ def test_the_delta_fast_path_encodes_exactly_like_the_typed_event(text: str, mes
         fast = Envelope.encode_delta("run_x", seq, cls.type, message_id, text, ts)
         assert fast == typed
         assert Envelope.from_json(fast).data == {"message_id": message_id, "text": text}
+
+
+@given(
+    run_id=st.text(min_size=1, max_size=40),
+    deltas=st.lists(st.tuples(st.sampled_from([Token, Thinking]), st.sampled_from(["msg_a", "msg_b", 'm"\\\u2028']), st.text()), min_size=1, max_size=8),
+)
+def test_a_runs_delta_encoder_encodes_exactly_like_the_typed_event_as_messages_change(
+    run_id: str, deltas: list[tuple[type[Token] | type[Thinking], str, str]]
+) -> None:
+    encoder = DeltaEncoder(run_id)
+    ts = now_ts()
+    for seq, (cls, message_id, text) in enumerate(deltas, start=1):
+        assert encoder.encode(seq, cls.type, message_id, text, ts) == Envelope.encode(run_id, seq, cls(message_id=message_id, text=text), ts)
 
 
 @given(text=st.text())

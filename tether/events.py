@@ -38,6 +38,7 @@ __all__ = [
     "Cancelled",
     "Envelope",
     "StoredEvent",
+    "DeltaEncoder",
     "EVENT_TYPES",
     "TERMINAL_TYPES",
     "format_ts",
@@ -265,7 +266,8 @@ class Envelope(BaseModel):
     @staticmethod
     def encode_delta(run_id: str, seq: int, event_type: str, message_id: str, text: str, ts: str) -> str:
         """``encode`` of a ``Token`` or ``Thinking`` event, byte for byte, without building the
-        event: the path every streamed delta takes."""
+        event (a run's event log encodes its deltas with a :class:`DeltaEncoder`, the same bytes
+        again with less work)."""
         return (
             f'{{"run_id":{_dumps(run_id)},"seq":{seq:d},"type":"{event_type}","ts":"{ts}","data":{{"message_id":{_dumps(message_id)},"text":{_dumps(text)}}}}}'
         )
@@ -282,6 +284,25 @@ class Envelope(BaseModel):
     def event(self) -> Event:
         """The typed event inside (raises ``KeyError`` for an unknown type)."""
         return EVENT_TYPES[self.type].model_validate(self.data)
+
+
+class DeltaEncoder:
+    """:meth:`Envelope.encode_delta` for the events of one run, byte for byte, with the JSON of
+    the run's id and of the current message's id written once instead of at every delta."""
+
+    __slots__ = ("_head", "_message_id", "_data_head")
+
+    def __init__(self, run_id: str) -> None:
+        self._head = f'{{"run_id":{_dumps(run_id)},"seq":'
+        self._message_id: str | None = None
+        self._data_head = ""
+
+    def encode(self, seq: int, event_type: str, message_id: str, text: str, ts: str) -> str:
+        """The envelope of a ``Token`` or ``Thinking`` event (``event_type``) of this run."""
+        if message_id != self._message_id:
+            self._message_id = message_id
+            self._data_head = f'{{"message_id":{_dumps(message_id)},"text":'
+        return f'{self._head}{seq:d},"type":"{event_type}","ts":"{ts}","data":{self._data_head}{_dumps(text)}}}}}'
 
 
 @dataclass(frozen=True, slots=True)

@@ -191,28 +191,26 @@ class ScriptedModel:
         # Before each delta it always yields to the loop (``sleep``, of zero seconds when the
         # delta is already due), so a zero-delay script can still be cancelled mid-stream.
         pace = Pace(float(step.get("delay_ms", 0) or 0) / 1000, clock=step.get("pace") != "gap")
-        loop = asyncio.get_running_loop()
-
-        async def due() -> None:
-            await asyncio.sleep(pace.wait_s(loop.time()))
+        # Looked up once: one of each before every delta.
+        sleep, wait_s, now = asyncio.sleep, pace.wait_s, asyncio.get_running_loop().time
 
         if "fail" in step:
             raise ModelError(str(step["fail"]), retryable=False)
         if step.get("thinking"):
             for word in _words(str(step["thinking"])):
-                await due()
+                await sleep(wait_s(now()))
                 yield ThinkingDelta(word)
         if step.get("echo"):
             history = [{"role": m.role, "content": m.content} for m in request.messages if m.role != "system"]
-            await due()
+            await sleep(wait_s(now()))
             yield TextDelta(json.dumps(history, ensure_ascii=False))
         if "tokens" in step:
             for n in range(1, int(step["tokens"]) + 1):
-                await due()
+                await sleep(wait_s(now()))
                 yield TextDelta(f"t{n} ")
         if step.get("text"):
             for word in _words(str(step["text"])):
-                await due()
+                await sleep(wait_s(now()))
                 yield TextDelta(word)
         for call in step.get("tool_calls") or []:
             args = call.get("args", {})

@@ -39,7 +39,11 @@ class Subscription:
         self.run_id = run_id
         self._pending: deque[StoredEvent] = deque()
         self._pending_bytes = 0
-        self._wakeup = asyncio.Event()
+        #: Set when there is something for the reader (events, staleness, the end, an idle
+        #: moment); ``_waiter`` is the reader's wait for it. An ``asyncio.Event`` without its
+        #: machinery: the reader waits once per batch on every live stream.
+        self._signalled = False
+        self._waiter: asyncio.Future[None] | None = None
         self._max_pending_bytes = max_pending_bytes
         #: True when the store has events this queue lacks (events were dropped, or another
         #: process committed some); the reader must catch up from the store.
@@ -76,7 +80,13 @@ class Subscription:
         else:
             self._pending.extend(batch)
             self._pending_bytes += size
-        self._wakeup.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        self._signalled = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def delivered(self, seq: int) -> None:
         """The reader has sent everything up to ``seq`` on (it is no longer behind by it)."""
@@ -86,12 +96,12 @@ class Subscription:
     def end(self) -> None:
         """Tell the reader to stop following (the process is stopping)."""
         self.ended = True
-        self._wakeup.set()
+        self._wake()
 
     def mark_stale(self) -> None:
         """Tell the reader to catch up from the store (new events were committed elsewhere)."""
         self.stale = True
-        self._wakeup.set()
+        self._wake()
 
     async def wait_for_events(self, timeout: float) -> list[StoredEvent] | None:  # noqa: ASYNC109  # the follower's ping interval, not a deadline
         """The events published since the last call; ``None`` if ``timeout`` passed with none.
@@ -104,12 +114,17 @@ class Subscription:
         if not self._pending and not self.stale and not self.ended:
             self._idle_due = False
             self._idle.touch()
-            await self._wakeup.wait()
+            if not self._signalled:
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
             if self._idle_due and not self._pending and not self.stale and not self.ended:
                 self._idle_due = False
-                self._wakeup.clear()
+                self._signalled = False
                 return None
-        self._wakeup.clear()
+        self._signalled = False
         batch = list(self._pending)
         self._pending.clear()
         self._pending_bytes = 0
@@ -117,7 +132,7 @@ class Subscription:
 
     def _on_idle(self) -> None:
         self._idle_due = True
-        self._wakeup.set()
+        self._wake()
 
     def close(self) -> None:
         """Stop this subscription's timer (when its reader stops following)."""

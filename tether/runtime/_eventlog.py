@@ -16,7 +16,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ..errors import EventLogFailed
-from ..events import Envelope, Event, StoredEvent, now_ts
+from ..events import DeltaEncoder, Envelope, Event, StoredEvent, now_ts
 from ..store import Store
 from ._groupcommit import GroupCommit
 
@@ -36,6 +36,7 @@ class EventLog:
         self._bus = bus
         self.run_id = run_id
         self._next_seq = next_seq
+        self._deltas = DeltaEncoder(run_id)
         #: Events emitted and not yet taken by the writer.
         self.pending: list[StoredEvent] = []
         self._idle = asyncio.Event()
@@ -61,7 +62,7 @@ class EventLog:
     def emit_delta(self, event_type: str, message_id: str, text: str) -> int:
         """``emit(Token(…))`` / ``emit(Thinking(…))`` on the hot path (same bytes, less work)."""
         seq = self._claim()
-        self._queue(StoredEvent(seq, event_type, Envelope.encode_delta(self.run_id, seq, event_type, message_id, text, now_ts())))
+        self._queue(StoredEvent(seq, event_type, self._deltas.encode(seq, event_type, message_id, text, now_ts())))
         return seq
 
     def _claim(self) -> int:

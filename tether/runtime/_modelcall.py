@@ -75,6 +75,7 @@ class ModelCalls:
         parts: list[str] = []
         requests: list[ToolCallRequest] = []
         failure: Event | None = None
+        emit_delta = self.events.emit_delta  # once, not at every delta
         with anyio.CancelScope() as scope:
             self._model_scope = scope
             if self.cancel_mode:
@@ -87,10 +88,10 @@ class ModelCalls:
                             if delta.text:
                                 text = storable_text(delta.text)
                                 parts.append(text)
-                                self.events.emit_delta("token", message.id, text)
+                                emit_delta("token", message.id, text)
                         elif isinstance(delta, ThinkingDelta):
                             if delta.text:
-                                self.events.emit_delta("thinking", message.id, storable_text(delta.text))
+                                emit_delta("thinking", message.id, storable_text(delta.text))
                         elif isinstance(delta, ToolCallRequest):
                             requests.append(storable_request(delta))
             except ModelError as exc:
