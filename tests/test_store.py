@@ -1385,6 +1385,48 @@ async def test_postgresql_connections_opened_for_a_burst_stay_open_for_the_next_
         assert await burst() == first
 
 
+async def test_postgresql_event_commits_do_not_wait_behind_a_crowd_holding_every_shared_connection(pg_db_url: str) -> None:
+    """The group commit has a connection of its own: with every connection of the store's
+    shared pool taken (a crowd of starts and ends), a run's events still commit at once."""
+    from tether.store._pgdirect import DIRECT_CONNECTIONS
+
+    async with another_store(pg_db_url) as store:
+        thread = await store.create_thread(owner="alice")
+        run, _, _ = await start_run(store, thread)
+        assert await store.mark_running(run.id)
+        before = [e.seq for e in await store.read_events(run.id)]
+        assert store._direct is not None
+        held, release = anyio.Event(), anyio.Event()
+        holders = 0
+
+        async def hold() -> None:
+            nonlocal holders
+            assert store._direct is not None
+            async with store._direct.connection() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+                holders += 1
+                if holders == DIRECT_CONNECTIONS:
+                    held.set()
+                await release.wait()
+
+        async with anyio.create_task_group() as group:
+            for _ in range(DIRECT_CONNECTIONS):
+                group.start_soon(hold)
+            with anyio.fail_after(30):
+                await held.wait()
+            # The shared pool is exhausted: an operation on it waits ...
+            waiting = asyncio.ensure_future(store.get_thread(thread.id))
+            # ... and the events commit all the same.
+            batch = [stored(run.id, seq, Token(message_id="m", text=str(seq))) for seq in range(before[-1] + 1, before[-1] + 4)]
+            with anyio.fail_after(10):
+                await store.append_event_batches([(run.id, batch)])
+            assert not waiting.done()
+            release.set()
+        with anyio.fail_after(30):
+            assert (await waiting).id == thread.id
+        assert [e.seq for e in await store.read_events(run.id)] == [*before, *(e.seq for e in batch)]
+
+
 async def test_a_thread_to_start_on_is_read_with_the_requesters_busy_runs_in_one_lookup(store: Store) -> None:
     # Busy: queued, running, cancelling; a run waiting for a human holds nothing, an ended one neither.
     threads = [await store.create_thread(owner="alice") for _ in range(5)]

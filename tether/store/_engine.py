@@ -32,7 +32,7 @@ from sqlalchemy import event as sa_event
 
 from .._ids import new_id, utcnow
 from ..errors import Overloaded
-from ._pgdirect import DIRECT_CONNECTIONS, DirectConnection, DirectPool
+from ._pgdirect import DIRECT_CONNECTIONS, EVENT_WRITER_CONNECTIONS, DirectConnection, DirectPool
 from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 from ._writelock import WriteLock
 
@@ -49,9 +49,9 @@ Reading: TypeAlias = "ThreadedReader | InlineReader | InlineWriter | DirectConne
 
 
 #: PostgreSQL connections one process's SQLAlchemy pool uses at most (migrations and agents' own
-#: tables); with the direct pool's (``_pgdirect``: the store's own operations) and the bus's
-#: ``LISTEN`` connection, a process holds at most 16.
-POOL_CONNECTIONS = 15 - DIRECT_CONNECTIONS
+#: tables); with the direct pool's (``_pgdirect``: the store's own operations), the event
+#: writer's and the bus's ``LISTEN`` connection, a process holds at most 16.
+POOL_CONNECTIONS = 15 - DIRECT_CONNECTIONS - EVENT_WRITER_CONNECTIONS
 
 
 def normalize_db_url(url: str) -> str:
@@ -91,6 +91,9 @@ class StoreBase:
         self._sqlite: SQLiteConnections | None = None
         #: PostgreSQL: the store's own operations, on asyncpg directly (``_pgdirect``).
         self._direct: DirectPool | None = None if self.is_sqlite else DirectPool(self.pg_dsn)
+        #: PostgreSQL: the group commit's own connection, never queued behind the operations
+        #: on ``_direct`` (a crowd of starts or ends) for one.
+        self._event_writer: DirectPool | None = None if self.is_sqlite else DirectPool(self.pg_dsn, size=EVENT_WRITER_CONNECTIONS)
         #: This process's identity: it owns the runs it executes (``runs.executor_id``) and
         #: tags its notifications so it can ignore its own.
         self.instance_id = new_id("proc")
@@ -208,6 +211,8 @@ class StoreBase:
             await asyncio.to_thread(self._sqlite.close)
         if self._direct is not None:
             await self._direct.aclose()
+        if self._event_writer is not None:
+            await self._event_writer.aclose()
         if self._engine is not None:
             await self._engine.dispose()
 

@@ -48,9 +48,10 @@ class EventStore(StoreBase):
             async with self._write_lock:
                 await self._sqlite.write_in_thread(lambda raw: _insert_events_sqlite(functools.partial(run_sql, raw), batches))
             return
-        if self._direct is not None:
-            # One statement, atomic on its own: autocommit, one round trip.
-            async with self._direct.connection() as direct:
+        if self._event_writer is not None:
+            # One statement, atomic on its own: autocommit, one round trip, on the writer's own
+            # connection (a crowd of starts or ends holding the shared pool does not delay it).
+            async with self._event_writer.connection() as direct:
                 await self._insert_events_postgres(direct, batches)
             return
         async with self._writing() as conn:  # an in-memory SQLite database, on the async driver's connection

@@ -20,6 +20,12 @@ the server closed is replaced when it is next acquired (asyncpg sees the closed 
 Nothing is sent at a release: asyncpg's default reset (``RESET ALL`` and more) would be a round
 trip per operation, and an open transaction is rolled back either way. A pool that stays
 exhausted past its timeout is :class:`~tether.errors.Overloaded`.
+
+The commits of the runs' events (the group commit) have a pool of their own, of one
+connection: when hundreds of runs start or end at once, their transactions queue for the
+shared pool's connections, and an event commit queued behind them would hold the tokens of
+every run still streaming (``docs/benchmarks.md``, the sixteenth stage: the paced p99 gap on
+PostgreSQL 132 -> 77 ms).
 """
 
 from __future__ import annotations
@@ -40,11 +46,14 @@ if TYPE_CHECKING:
     import asyncpg
     from sqlalchemy.sql.elements import ClauseElement
 
-__all__ = ["DirectPool", "DirectConnection", "DIRECT_CONNECTIONS"]
+__all__ = ["DirectPool", "DirectConnection", "DIRECT_CONNECTIONS", "EVENT_WRITER_CONNECTIONS"]
 
-#: Connections of the direct pool (within the process's budget: with SQLAlchemy's pool,
-#: ``_engine.POOL_CONNECTIONS``, and the bus's ``LISTEN`` connection, 16).
-DIRECT_CONNECTIONS = 10
+#: Connections of the direct pool (within the process's budget: with the event writer's,
+#: SQLAlchemy's pool, ``_engine.POOL_CONNECTIONS``, and the bus's ``LISTEN`` connection, 16).
+DIRECT_CONNECTIONS = 9
+#: Connections of the event writer's own pool: the group commit of every run's events, one
+#: transaction at a time, which must not queue behind the other operations for a connection.
+EVENT_WRITER_CONNECTIONS = 1
 
 #: How long an acquire waits for a free connection before the process is overloaded.
 _ACQUIRE_TIMEOUT_S = 30.0
