@@ -289,7 +289,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args()
-    # The same call as tether.cli._run_server (the limits Tether adds do not bind here), on the
+    # The same call as tether._launch.serve_agent (the limits Tether adds do not bind here), on the
     # same event loop: uvloop accepting a burst of connections at once (tether/server/_loop.py,
     # loaded from its file: it needs only uvloop, and the floor imports nothing of Tether's).
     spec = importlib.util.spec_from_file_location("_tether_loop", Path(__file__).resolve().parents[1] / "tether" / "server" / "_loop.py")

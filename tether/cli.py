@@ -4,7 +4,9 @@
 built-in demo agent. Both default to a SQLite file in the data directory
 (``$TETHER_DATA_DIR``, else the platform's application directory), created on first start, and
 both take ``--model`` with a model string (``docs/models.md``) that replaces the agent's model.
-``tether keys`` manages API keys in a database, also while a server runs on it.
+``tether keys`` manages API keys in a database, also while a server runs on it. ``tether
+migrate`` brings a database's schema up to date; a server starting on an older schema does the
+same in a child process first, so the migrations' libraries never stay in the serving process.
 
 Authentication defaults to ``open`` (no key) on a loopback host and to ``keys`` anywhere else;
 ``--auth open`` on another host is refused (exit code 2): an unauthenticated server must never
@@ -25,6 +27,8 @@ from typing import Any, Literal
 import click
 
 from . import __version__
+from ._launch import migrate as migrate_schema
+from ._launch import serve_agent, with_store
 from .agent import Agent
 from .models import Model
 
@@ -76,24 +80,10 @@ _LIMIT_OPTIONS = {
 
 #: Connections uvicorn serves at once before answering 503 (event streams are connections too).
 MAX_CONNECTIONS = 12_000
-#: Seconds an idle keep-alive connection stays open.
-KEEP_ALIVE_S = 5
 #: When told to stop, how long the server lets the runs under way finish before handing them
 #: over (``--drain-seconds``): under the usual grace of a process manager before it kills
 #: (10 s for ``docker stop``, 30 s on Kubernetes).
 DRAIN_S = 5.0
-
-
-def _log_config() -> dict[str, Any]:
-    """uvicorn's logging, plus Tether's own loggers with their level in every line (so an
-    ``ERROR`` in a server log is always findable)."""
-    from uvicorn.config import LOGGING_CONFIG
-
-    config: dict[str, Any] = {**LOGGING_CONFIG, "formatters": dict(LOGGING_CONFIG["formatters"]), "handlers": dict(LOGGING_CONFIG["handlers"])}
-    config["formatters"]["tether"] = {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}
-    config["handlers"]["tether"] = {"formatter": "tether", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}
-    config["loggers"] = {**LOGGING_CONFIG["loggers"], "tether": {"handlers": ["tether"], "level": "INFO", "propagate": False}}
-    return config
 
 
 def _is_loopback_host(host: str) -> bool:
@@ -118,59 +108,20 @@ def _auth_mode(host: str, auth: str | None) -> Literal["open", "keys"]:
 
 
 def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lease_seconds: float, max_connections: int, options: dict[str, Any]) -> None:
-    import uvicorn
-
-    from .server import Limits, create_app
-    from .server._serving import serve
-
-    auth = _auth_mode(host, options["auth"])
-    four_eyes: Literal["off", "destructive"] = "destructive" if options["four_eyes"] == "destructive" else "off"
-    limits = Limits(**{name: options[name] for name in _LIMIT_OPTIONS})
-    app = create_app(
-        agent, db, lease_s=lease_seconds, drain_s=options["drain_seconds"], auth=auth, four_eyes=four_eyes, cors_origins=options["cors_origin"], limits=limits
-    )
-    click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {db}, auth: {auth})", err=True)
-    _tune_gc()
-    config = uvicorn.Config(
-        app,
+    serve_agent(
+        agent,
         host=host,
         port=port,
+        db=db,
         log_level=log_level,
-        log_config=_log_config(),
-        timeout_graceful_shutdown=3,
-        limit_concurrency=max_connections,
-        timeout_keep_alive=KEEP_ALIVE_S,
-        backlog=2048,
-        ws="none",  # no WebSocket routes: the WebSocket implementation is never loaded
-        loop="tether.server._loop:new_event_loop",  # uvloop, accepting a burst of connections at once
+        lease_seconds=lease_seconds,
+        max_connections=max_connections,
+        auth=_auth_mode(host, options["auth"]),
+        four_eyes="destructive" if options["four_eyes"] == "destructive" else "off",
+        drain_s=options["drain_seconds"],
+        cors_origins=options["cors_origin"],
+        limits={name: options[name] for name in _LIMIT_OPTIONS},
     )
-
-    serve(app, config)  # ends the open streams as soon as it is told to stop
-
-
-#: Allocations between two collections of the garbage collector's youngest generation (CPython's
-#: default is 700).
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def _tune_gc() -> None:
-    """Garbage collection for a long-running server, set once by the process that serves.
-
-    A streaming server allocates a few objects per event, so CPython's defaults collect the
-    young generation hundreds of times a second and now and then walk every object, the
-    libraries' included: in the 500-run benchmark that was 0.85 s of collection in 8 s and
-    pauses of up to 165 ms (every stream stalls during one). The objects made at start-up
-    (modules, the app, SQLAlchemy's tables) live as long as the process: frozen, no
-    collection looks at them again. The young generation is collected every
-    :data:`GC_YOUNG_THRESHOLD` allocations instead of 700. Measured: 0.05 s of collection,
-    longest pause 13 ms. Reference cycles are still collected, only less often.
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    _gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, gen1, gen2)
 
 
 def _model_from_option(spec: str | None, base_url: str | None) -> Model | None:
@@ -399,22 +350,15 @@ def _cli_actor() -> str:
         return "cli"
 
 
-def _with_store(db: str, action: Callable[[Any], Any]) -> Any:
-    import asyncio
-
-    from .store import Store
-
-    async def run() -> Any:
-        store = await Store.open(db)
-        try:
-            return await action(store)
-        finally:
-            await store.aclose()
-
-    return asyncio.run(run())
-
-
 _db_option = click.option("--db", "db", required=True, help="Database URL of the server (sqlite:///path or postgresql://…).")
+
+
+@main.command()
+@_db_option
+def migrate(db: str) -> None:
+    """Bring the database's schema up to date, as a server does at start-up (run it ahead of
+    a deploy; servers starting on a migrated database never load the migrations)."""
+    migrate_schema(db)
 
 
 @main.group()
@@ -434,7 +378,7 @@ def keys_create(db: str, name: str, roles: tuple[str, ...], expires_in: timedelt
 
     expires_at = utcnow() + expires_in if expires_in is not None else None
     try:
-        record, key = _with_store(db, lambda store: store.create_key(name=name, roles=roles, expires_at=expires_at, actor=_cli_actor()))
+        record, key = with_store(db, lambda store: store.create_key(name=name, roles=roles, expires_at=expires_at, actor=_cli_actor()))
     except InvalidRequest as exc:
         raise click.BadParameter(exc.message) from None
     until = f", expires {record.expires_at:%Y-%m-%d %H:%M} UTC" if record.expires_at else ""
@@ -448,7 +392,7 @@ def keys_list(db: str) -> None:
     """List keys: names, roles, prefixes, dates (never the keys)."""
     from ._ids import utcnow
 
-    records = _with_store(db, lambda store: store.list_keys())
+    records = with_store(db, lambda store: store.list_keys())
     now = utcnow()
 
     def when(moment: Any) -> str:
@@ -468,7 +412,7 @@ def keys_list(db: str) -> None:
 def keys_revoke(db: str, name: str) -> None:
     """Revoke every key of the principal NAME (or the one key with that tk_… prefix); the next
     request with it gets 401, in every server process."""
-    revoked = _with_store(db, lambda store: store.revoke_keys(name, actor=_cli_actor()))
+    revoked = with_store(db, lambda store: store.revoke_keys(name, actor=_cli_actor()))
     if not revoked:
         raise click.ClickException(f"no active key for {name!r}")
     for r in revoked:

@@ -115,6 +115,23 @@ class StoreBase:
             store._sqlite = SQLiteConnections(str(store.url))
         return store
 
+    @classmethod
+    async def needs_migrations(cls, url: str) -> bool:
+        """Whether opening a store on ``url`` would apply migrations, read without Alembic.
+
+        False when the schema is at the newest revision, and for an in-memory database (new in
+        every process, so migrated where it is opened). Lets a caller migrate in another
+        process first (``tether migrate``): Alembic and what it loads, about 18 MiB, then
+        never enter a long-running one.
+        """
+        store = cls(normalize_db_url(url))
+        try:
+            if store.is_sqlite and store._file_path is None:
+                return False
+            return await store._schema_revision() != HEAD_REVISION
+        finally:
+            await store.aclose()
+
     @property
     def _file_path(self) -> str | None:
         """A SQLite database's file; None for PostgreSQL and for an in-memory database."""

@@ -35,7 +35,7 @@ from ._records import (
     message_values,
     run_record,
 )
-from ._tables import Hot, audit, events, messages, runs, threads
+from ._tables import ONE_ACTIVE_RUN_INDEX, Hot, audit, events, messages, runs, threads
 from ._tree import append_message, splits_a_tool_turn
 
 __all__ = ["RunStore", "CreatedRun"]
@@ -210,7 +210,7 @@ class RunStore(EventStore):
             async with self._direct.connection() as direct:
                 row = (await direct.exec_driver_sql(_CREATE_RUN_AT_LEAF_PG, arguments)).first()
         except IntegrityError as exc:
-            if getattr(exc.orig, "constraint_name", None) == _ONE_ACTIVE_RUN_INDEX:
+            if getattr(exc.orig, "constraint_name", None) == ONE_ACTIVE_RUN_INDEX:
                 raise ThreadBusy(f"thread {thread_id!r} already has an active run") from None
             raise
         if row is None:  # no such thread (or not ``owner``'s): nothing was written
@@ -397,9 +397,6 @@ def _first_writes(run_id: str, thread_id: str, input_id: str, now: datetime, *, 
     written.append(StoredEvent(2, announce.type, announce.to_json()))
     return written, MessageRecord(new_id("msg"), thread_id, input_id, run_id, "assistant", "", status="partial", created_at=now)
 
-
-#: The partial unique index "one active run per thread" (``_tables.runs``).
-_ONE_ACTIVE_RUN_INDEX = "uq_runs_one_active_per_thread"
 
 #: :meth:`RunStore.create_run` of a new message after the active leaf, on PostgreSQL, as one
 #: statement: the thread is read (``$2``, an owner, or NULL for any), and the run, its user

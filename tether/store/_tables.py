@@ -25,6 +25,8 @@ __all__ = [
     "api_keys",
     "ACTIVE_RUN_STATUSES",
     "ACTIVE_RUN_SQL",
+    "ONE_ACTIVE_RUN_INDEX",
+    "add_partial_indexes",
     "has_active_run",
     "Hot",
 ]
@@ -124,14 +126,31 @@ runs = sa.Table(
     sa.Index("ix_runs_thread", "thread_id", "created_at"),
     sa.Index("ix_runs_requested_by_status", "requested_by", "status"),
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
+    # And the partial unique index ONE_ACTIVE_RUN_INDEX: see add_partial_indexes.
+)
+
+#: The partial unique index that keeps one non-terminal run per thread (the store recognises
+#: its refusals by this name).
+ONE_ACTIVE_RUN_INDEX = "uq_runs_one_active_per_thread"
+
+
+def add_partial_indexes() -> None:
+    """Add :data:`ONE_ACTIVE_RUN_INDEX` to ``runs`` as the migrations create it (once).
+
+    Only the migrations' environment needs its definition: the store knows it by name. Its
+    PostgreSQL option loads SQLAlchemy's PostgreSQL dialect (about 2.4 MiB), which a server on
+    SQLite otherwise never imports.
+    """
+    if any(index.name == ONE_ACTIVE_RUN_INDEX for index in runs.indexes):
+        return
     sa.Index(
-        "uq_runs_one_active_per_thread",
-        "thread_id",
+        ONE_ACTIVE_RUN_INDEX,
+        runs.c.thread_id,
         unique=True,
         sqlite_where=sa.text(ACTIVE_RUN_SQL),
         postgresql_where=sa.text(ACTIVE_RUN_SQL),
-    ),
-)
+    )
+
 
 events = sa.Table(
     "events",

@@ -2,7 +2,9 @@
 
 from alembic import context
 
-from tether.store._tables import metadata
+from tether.store._tables import add_partial_indexes, metadata
+
+add_partial_indexes()
 
 connection = context.config.attributes["connection"]
 context.configure(
