@@ -47,13 +47,11 @@ def serve_agent(
     from .server import Limits, create_app
     from .server._serving import serve
 
-    app = create_app(
-        agent, db, lease_s=lease_seconds, drain_s=drain_s, auth=auth, four_eyes=four_eyes, cors_origins=list(cors_origins), limits=Limits(**limits)
-    )
+    app = create_app(agent, db, lease_s=lease_seconds, drain_s=drain_s, auth=auth, four_eyes=four_eyes, cors_origins=cors_origins, limits=Limits(**limits))
     if migrating is not None:
         migrating.join()
-    if migrating is not None and migrating.exitcode != 0:
-        raise click.ClickException("the database's migrations failed (their error is above)")
+        if migrating.exitcode != 0:
+            raise click.ClickException("the database's migrations failed (their error is above)")
     click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {shown_url(db)}, auth: {auth})", err=True)
     tune_gc()
     config = uvicorn.Config(

@@ -11,12 +11,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ..store import RunStatus
 from ._deps import access_of, runtime_of, store_of
 
 router = APIRouter(tags=["ops"])
-
-_STATUSES: tuple[str, ...] = tuple(RunStatus)
 
 
 @router.get("/metrics", include_in_schema=False)
@@ -28,7 +25,7 @@ async def metrics(request: Request) -> Response:
     store, runtime = store_of(request), runtime_of(request)
     state = request.app.state
     if not hasattr(state, "metrics"):
-        state.metrics = _prometheus.Exposition(_STATUSES)
+        state.metrics = _prometheus.Exposition()
     exposition: _prometheus.Exposition = state.metrics
     snapshot = _prometheus.Snapshot(
         runs=await store.count_runs_by_status(),

@@ -11,7 +11,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..store import RunStatus
+
 __all__ = ["CONTENT_TYPE_LATEST", "Exposition", "Snapshot"]
+
+_STATUSES = tuple(RunStatus)
 
 
 @dataclass
@@ -32,14 +36,13 @@ class Snapshot:
 class _Collector(Collector):
     """Reports the values of the exposition's latest snapshot."""
 
-    def __init__(self, statuses: tuple[str, ...]) -> None:
-        self.statuses = statuses
+    def __init__(self) -> None:
         self.snapshot = Snapshot()
 
     def collect(self) -> Iterator[Metric]:
         s = self.snapshot
         runs = GaugeMetricFamily("tether_runs", "Runs in the database by status.", labels=["status"])
-        for status in self.statuses:
+        for status in _STATUSES:
             runs.add_metric([status], s.runs.get(status, 0))
         yield runs
         yield GaugeMetricFamily("tether_pending_interrupts", "Interrupts waiting for a human decision.", value=s.pending_interrupts)
@@ -63,9 +66,9 @@ class _Collector(Collector):
 class Exposition:
     """One application's registry (several apps in one process do not clash)."""
 
-    def __init__(self, statuses: tuple[str, ...]) -> None:
+    def __init__(self) -> None:
         self._registry = CollectorRegistry()
-        self._collector = _Collector(statuses)
+        self._collector = _Collector()
         self._registry.register(self._collector)
 
     def render(self, snapshot: Snapshot) -> bytes:
