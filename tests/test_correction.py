@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
@@ -48,10 +49,9 @@ pytestmark = pytest.mark.anyio
 Message = dict[str, Any]
 
 #: One model turn that calls the read-only ``sleep`` tool, then an echo of what the model got.
-SLEEP_THEN_ECHO = script(
-    {"text": "working", "tool_calls": [{"name": "sleep", "args": {"seconds": 0.5}}]},
-    {"echo": True},
-)
+#: A call of the ``hold`` tool (the ``held`` fixture): it returns when the test releases it.
+HOLD = {"name": "hold", "args": {}}
+HOLD_THEN_ECHO = script({"text": "working", "tool_calls": [HOLD]}, {"echo": True})
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -61,6 +61,26 @@ SLEEP_THEN_ECHO = script(
 async def client(server: LiveServer) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(server.url) as tether_client:
         yield tether_client
+
+
+@pytest.fixture
+def held(server: LiveServer) -> Iterator[threading.Event]:
+    """A read-only tool ``hold`` on the served agent that returns once the test sets this event:
+    a run stays in its tool turn exactly as long as the test needs, whatever the machine's
+    speed (no clock). Released at the end of the test in any case."""
+    released = threading.Event()  # set on the test's loop, waited for in the server's
+
+    @tool
+    async def hold() -> dict[str, bool]:
+        """Wait until the test releases the run."""
+        return {"released": await asyncio.to_thread(released.wait, 60)}
+
+    server.agent.tools[hold.name] = hold
+    try:
+        yield released
+    finally:
+        released.set()
+        del server.agent.tools[hold.name]
 
 
 def turn(role: str, content: str) -> dict[str, str]:
@@ -260,9 +280,9 @@ async def test_regenerating_twice_gives_three_sibling_answers_and_the_first_can_
 # -- steering: corrections sent into a running run -------------------------------------------
 
 
-async def test_a_correction_sent_while_a_tool_runs_joins_the_history_after_the_tool_result(client: AsyncClient) -> None:
+async def test_a_correction_sent_while_a_tool_runs_joins_the_history_after_the_tool_result(client: AsyncClient, held: threading.Event) -> None:
     thread_id = await new_thread(client)
-    run = await client.start_run(thread_id, SLEEP_THEN_ECHO)
+    run = await client.start_run(thread_id, HOLD_THEN_ECHO)
     events: list[Envelope] = []
     steered: dict[str, Any] | None = None
     async with aclosing(client.follow(run["id"])) as stream:
@@ -270,6 +290,7 @@ async def test_a_correction_sent_while_a_tool_runs_joins_the_history_after_the_t
             events.append(event)
             if event.type == "tool_call" and steered is None:
                 steered = await client.steer(run["id"], "also check order A200")
+                held.set()  # the tool returns only now
     assert steered is not None and steered["status"] == "queued"
     assert (await client.get_run(run["id"]))["status"] == "completed"
 
@@ -366,15 +387,13 @@ async def test_a_run_waiting_for_human_review_refuses_a_correction(client: Async
     assert (await client.wait_for_run(run["id"]))["status"] == "cancelled"
 
 
-async def test_a_correction_queued_before_a_review_pause_joins_after_the_tool_results_on_resume(client: AsyncClient) -> None:
+async def test_a_correction_queued_before_a_review_pause_joins_after_the_tool_results_on_resume(client: AsyncClient, held: threading.Event) -> None:
     thread_id = await new_thread(client)
-    content = script(
-        {"text": "checking", "tool_calls": [{"name": "sleep", "args": {"seconds": 0.5}}, REFUND]},
-        {"echo": True},
-    )
+    content = script({"text": "checking", "tool_calls": [HOLD, REFUND]}, {"echo": True})
     run = await client.start_run(thread_id, content)
     await events_until(client, run["id"], "tool_call")
-    steered = await client.steer(run["id"], "refund only half")  # while the read-only sleep runs
+    steered = await client.steer(run["id"], "refund only half")  # while the read-only hold runs
+    held.set()
     types = [e.type for e in await events_until(client, run["id"], "interrupt")]
     assert types.index("tool_call") < types.index("user_message") < types.index("tool_result") < types.index("interrupt")
 
@@ -389,12 +408,13 @@ async def test_a_correction_queued_before_a_review_pause_joins_after_the_tool_re
     assert echoed(path[5]) == history_of(path[:5])
 
 
-async def test_a_correction_queued_before_a_review_pause_stays_in_the_tree_when_the_run_is_cancelled(client: AsyncClient) -> None:
+async def test_a_correction_queued_before_a_review_pause_stays_in_the_tree_when_the_run_is_cancelled(client: AsyncClient, held: threading.Event) -> None:
     thread_id = await new_thread(client)
-    content = script({"text": "checking", "tool_calls": [{"name": "sleep", "args": {"seconds": 0.5}}, REFUND]})
+    content = script({"text": "checking", "tool_calls": [HOLD, REFUND]})
     run = await client.start_run(thread_id, content)
     await events_until(client, run["id"], "tool_call")
     steered = await client.steer(run["id"], "actually, stop")
+    held.set()
     assert await client.wait_for_interrupt(run["id"]) is not None
 
     await client.cancel(run["id"])
@@ -407,12 +427,13 @@ async def test_a_correction_queued_before_a_review_pause_stays_in_the_tree_when_
     assert [m["tool_call_id"] for m in path[2:4]] == [c["id"] for c in path[1]["tool_calls"]]
 
 
-async def test_concurrent_cancels_of_a_paused_run_write_its_results_and_correction_once(client: AsyncClient) -> None:
+async def test_concurrent_cancels_of_a_paused_run_write_its_results_and_correction_once(client: AsyncClient, held: threading.Event) -> None:
     thread_id = await new_thread(client)
-    content = script({"text": "checking", "tool_calls": [{"name": "sleep", "args": {"seconds": 0.3}}, REFUND]})
+    content = script({"text": "checking", "tool_calls": [HOLD, REFUND]})
     run = await client.start_run(thread_id, content)
     await events_until(client, run["id"], "tool_call")
     steered = await client.steer(run["id"], "never mind")
+    held.set()
     assert await client.wait_for_interrupt(run["id"]) is not None
 
     # A double-clicked Stop: the run is finished once. A request that arrives while the run is
@@ -467,10 +488,10 @@ async def test_editing_a_user_message_in_place_is_refused(client: AsyncClient) -
     assert await client.messages(thread_id, view="tree") == before
 
 
-async def test_a_thread_with_an_active_run_refuses_forks_regenerates_branch_switches_and_edits(client: AsyncClient) -> None:
+async def test_a_thread_with_an_active_run_refuses_forks_regenerates_branch_switches_and_edits(client: AsyncClient, held: threading.Event) -> None:
     thread_id, before = await thread_with_turns(client, "first answer")
     question, answer = before
-    run = await client.start_run(thread_id, script({"text": "waiting", "tool_calls": [{"name": "sleep", "args": {"seconds": 0.5}}]}))
+    run = await client.start_run(thread_id, script({"text": "waiting", "tool_calls": [HOLD]}))
     await events_until(client, run["id"], "tool_call")
 
     attempts = {
@@ -483,6 +504,7 @@ async def test_a_thread_with_an_active_run_refuses_forks_regenerates_branch_swit
     for name, attempt in attempts.items():
         error = await api_error(attempt())
         assert (name, error.status, error.code) == (name, 409, "thread_busy")
+    held.set()
 
     final = await completed(client, run)
     tree = await client.messages(thread_id, view="tree")
