@@ -19,7 +19,7 @@ import pytest
 
 from tether.events import Envelope, Token
 from tether.store import Store, StoredEvent
-from tether.store._sqlite import CHECKPOINT_BYTES
+from tether.store._sqlite import BLOCKING_CHECKPOINT_BYTES, CHECKPOINT_BYTES, WAL_KEPT_BYTES, WRITER_BUSY_TIMEOUT_S
 
 from .conftest import sqlite_url
 
@@ -49,24 +49,85 @@ def _tokens(run_id: str, first_seq: int, count: int, text: str) -> list[StoredEv
     ]
 
 
-async def test_the_wal_is_checkpointed_in_the_background_and_stays_bounded(store: Store, tmp_path: Path) -> None:
-    # The writer never checkpoints itself (wal_autocheckpoint=0): without the background
-    # checkpoints the WAL would hold every page written, here about 10x CHECKPOINT_BYTES.
+async def test_the_wal_stays_bounded_under_a_flood_of_commits(store: Store, tmp_path: Path) -> None:
+    # The writer never checkpoints itself (wal_autocheckpoint=0). Commits back to back leave
+    # the background checkpoints no moment to finish in, so the WAL is never started again
+    # from its beginning; without the writer's own checkpoint past BLOCKING_CHECKPOINT_BYTES
+    # it would hold every page written, here about 10x CHECKPOINT_BYTES.
     run_id = await _run(store)
+    wal = Path(str(tmp_path / "tether.db") + "-wal")
     text = "x" * 2000
     seq = 2
     written = 0
+    largest = 0
     while written < 10 * CHECKPOINT_BYTES:
         batch = _tokens(run_id, seq, 64, text)
         await store.append_events(run_id, batch)
         seq += len(batch)
         written += sum(len(e.envelope) for e in batch)
-    wal = Path(str(tmp_path / "tether.db") + "-wal")
-    assert wal.exists()
-    assert wal.stat().st_size < 4 * CHECKPOINT_BYTES, f"the WAL grew to {wal.stat().st_size} bytes"
+        largest = max(largest, wal.stat().st_size)
+    assert largest < BLOCKING_CHECKPOINT_BYTES, f"the WAL grew to {largest} bytes"
     assert store._sqlite is not None and store._sqlite.checkpoints >= 5
     assert await store.last_seq(run_id) == seq - 1
     assert len(await store.read_events(run_id, after_seq=seq - 1001, limit=1000)) == 1000
+
+
+async def _fill_the_wal_behind_a_reader(store: Store, tmp_path: Path, run_id: str, size: int) -> int:
+    """Commit events until the WAL holds ``size`` bytes while a reader holds the snapshot it
+    took before them; the next seq. A checkpoint that waited for that reader (SQLite's busy
+    timeout, 5 s) would hold up every commit behind it: the commits must not wait."""
+    wal = Path(str(tmp_path / "tether.db") + "-wal")
+    reader = sqlite3.connect(tmp_path / "tether.db", isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM events").fetchone() == (1,)
+        text = "x" * 2000
+        seq = 2
+        with anyio.fail_after(WRITER_BUSY_TIMEOUT_S * 0.8):
+            while wal.stat().st_size < size:
+                batch = _tokens(run_id, seq, 64, text)
+                await store.append_events(run_id, batch)
+                seq += len(batch)
+        # The snapshot is what it was: the reader never saw the commits made meanwhile.
+        assert reader.execute("SELECT count(*) FROM events").fetchone() == (1,)
+        return seq
+    finally:
+        reader.execute("ROLLBACK")
+        reader.close()
+
+
+async def test_a_checkpoint_does_not_hold_up_commits_and_the_wal_starts_again(store: Store, tmp_path: Path) -> None:
+    run_id = await _run(store)
+    connections = store._sqlite
+    assert connections is not None
+    seq = await _fill_the_wal_behind_a_reader(store, tmp_path, run_id, 2 * CHECKPOINT_BYTES)
+    assert connections.blocking_checkpoints == 0
+    # Without the reader, a checkpoint in the background copies everything; the next commit
+    # starts the WAL again from its beginning and cuts the file back.
+    wal = Path(str(tmp_path / "tether.db") + "-wal")
+    with anyio.fail_after(10):
+        while True:
+            done = connections.checkpoints
+            await store.append_events(run_id, _tokens(run_id, seq, 1, "t"))
+            seq += 1
+            if wal.stat().st_size <= WAL_KEPT_BYTES:
+                break
+            while connections.checkpoints == done:  # this commit's checkpoint, in the background
+                await asyncio.sleep(0.001)
+    assert connections.blocking_checkpoints == 0
+    assert await store.last_seq(run_id) == seq - 1
+
+
+async def test_the_writers_own_checkpoint_does_not_wait_for_a_reader_either(store: Store, tmp_path: Path) -> None:
+    run_id = await _run(store)
+    connections = store._sqlite
+    assert connections is not None
+    seq = await _fill_the_wal_behind_a_reader(store, tmp_path, run_id, BLOCKING_CHECKPOINT_BYTES + CHECKPOINT_BYTES)
+    assert connections.blocking_checkpoints >= 1  # it tried, and let the commits go on
+    # Once the reader is gone, the next commit's checkpoint truncates the WAL.
+    await store.append_events(run_id, _tokens(run_id, seq, 1, "t"))
+    assert Path(str(tmp_path / "tether.db") + "-wal").stat().st_size == 0
+    assert await store.last_seq(run_id) == seq
 
 
 async def test_a_cancelled_group_commit_keeps_the_write_lock_until_its_transaction_ended(store: Store) -> None:

@@ -12,9 +12,10 @@ does not wait for the disk (only a checkpoint does). So the store's own work goe
   inserts land on scattered index pages (one per run) and take milliseconds, so it runs on the
   same connection in a writer thread (SQLite releases the GIL meanwhile), one hop per
   transaction. That connection never checkpoints the WAL
-  itself (``wal_autocheckpoint=0``): once the WAL passes :data:`CHECKPOINT_BYTES`, the writer's
-  thread checkpoints it after a group commit (``_checkpoint_if_due``), so the loop never waits
-  for an ``fsync``.
+  itself (``wal_autocheckpoint=0``): once the WAL passes :data:`CHECKPOINT_BYTES`, a
+  checkpointer thread of its own, on a connection of its own, copies it into the database while
+  the writers go on (``_checkpoint_if_due``), so that neither the loop nor the group commit
+  waits for a checkpoint's ``fsync``.
 - **Reads** may be long (a 100,000-message path), so they run in a small pool of threads, each
   with its own connection: one hop per statement, rows fetched in the thread. Point reads (a row
   by its key, a count over an index: every request's access check, a run's status) take less
@@ -34,11 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -49,11 +51,20 @@ from ._tables import Hot
 if TYPE_CHECKING:
     from sqlalchemy.sql.elements import ClauseElement
 
-__all__ = ["SQLiteConnections", "InlineWriter", "InlineReader", "ThreadedReader", "sqlite_pragmas", "CHECKPOINT_BYTES"]
+__all__ = ["SQLiteConnections", "InlineWriter", "InlineReader", "ThreadedReader", "sqlite_pragmas", "CHECKPOINT_BYTES", "BLOCKING_CHECKPOINT_BYTES"]
 
-#: The WAL size past which the writer's thread checkpoints it into the database and truncates it
-#: (SQLite's own automatic checkpoint is at about 4 MiB as well: 1,000 pages).
+log = logging.getLogger("tether.store")
+
+#: The WAL size past which the checkpointer's thread copies it into the database, while the
+#: writers go on (SQLite's own automatic checkpoint is at about 4 MiB as well: 1,000 pages).
 CHECKPOINT_BYTES = 4 * 1024 * 1024
+#: The WAL size past which the writer's thread checkpoints it itself, holding the write lock, and
+#: truncates it: the bound on the WAL when the checkpoints that let writers go on never find a
+#: moment without a write to finish in (a flood of commits).
+BLOCKING_CHECKPOINT_BYTES = 4 * CHECKPOINT_BYTES
+#: What a WAL file is cut back to when SQLite starts writing it from its beginning again
+#: (``journal_size_limit``), so that its size on disk tells how much it holds.
+WAL_KEPT_BYTES = 1024 * 1024
 #: Threads (each with its connection) that run reads.
 READ_THREADS = 4
 #: How long the inline writer waits for SQLite's lock when another process holds it. It blocks
@@ -173,8 +184,14 @@ class SQLiteConnections:
         self._readers_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="tether-sqlite-read")
         self._writer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-sqlite-write")
-        #: Checkpoints run so far (for tests and benchmarks).
+        self._checkpointer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-sqlite-checkpoint")
+        self._checkpoint_conn: sa.Connection | None = None  # made and used in the checkpointer's thread
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_running: Future[None] | None = None  # the checkpointer's, while it runs
+        #: Checkpoints run so far, in the checkpointer's thread and by the writer itself (for
+        #: tests and benchmarks).
         self.checkpoints = 0
+        self.blocking_checkpoints = 0
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[InlineWriter]:
@@ -221,28 +238,80 @@ class SQLiteConnections:
     # -- checkpoints off the loop ----------------------------------------------------------
 
     def _checkpoint_if_due(self) -> None:
-        """In the writer's thread, holding the write lock: once the WAL has grown past
-        :data:`CHECKPOINT_BYTES`, copy it into the database and truncate it.
+        """In the writer's thread, after a group commit: once the WAL has grown past
+        :data:`CHECKPOINT_BYTES`, have the checkpointer's thread copy it into the database.
 
-        Under a steady stream of commits a checkpoint that lets writers go on (``PASSIVE``,
-        SQLite's automatic one) never finds the WAL fully copied when the next commit starts,
-        so the WAL is never restarted and grows without bound. This one runs between two of
-        the store's transactions (no writer of ours can start meanwhile; readers hold no
-        transaction between statements), so it completes and the file shrinks to nothing.
+        That checkpoint (``PASSIVE``) takes no write lock, SQLite's or the store's: starts, ends
+        and group commits go on while it copies pages and waits for the disk. A checkpoint
+        that found nothing written meanwhile lets the next write start the WAL from its
+        beginning again (and cut the file back to :data:`WAL_KEPT_BYTES`). Under a flood of
+        commits none may find such a moment, and the WAL would grow without bound: past
+        :data:`BLOCKING_CHECKPOINT_BYTES` this thread checkpoints it itself between two of the
+        store's transactions (no writer of ours can start meanwhile; readers hold no transaction
+        between statements), so that it completes and the file shrinks to nothing.
         """
         try:
             size = os.stat(self.path + "-wal").st_size
         except OSError:
             return
-        if size >= CHECKPOINT_BYTES:
-            self._writer_conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-            self._writer_conn.commit()
+        if size >= BLOCKING_CHECKPOINT_BYTES:
+            self._checkpoint_blocking()
+        elif size >= CHECKPOINT_BYTES:
+            with self._checkpoint_lock:
+                if self._checkpoint_running is not None:
+                    return
+                self._checkpoint_running = self._checkpointer.submit(self._checkpoint)
+
+    def _checkpoint_blocking(self) -> None:
+        """Checkpoint the WAL and truncate it, in the writer's thread, holding the write lock.
+
+        It waits for the checkpointer's thread to finish first (one checkpoint at a time), but
+        never for a reader: a connection holding a snapshot (a long read, a backup, a ``sqlite3``
+        shell with a transaction open) keeps any checkpoint from copying the pages written after
+        it, and waiting for it would stop every commit for SQLite's busy timeout. The WAL then
+        goes on growing until that reader is done, and the next commit tries again.
+        """
+        with self._checkpoint_lock:
+            running = self._checkpoint_running
+        if running is not None:
+            running.result()
+        raw = self.writer.raw
+        try:
+            raw.execute("PRAGMA busy_timeout=0")
+            try:
+                raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                raw.execute(f"PRAGMA busy_timeout={int(WRITER_BUSY_TIMEOUT_S * 1000)}")
+        except sqlite3.Error:  # the commit before it is durable all the same
+            log.warning("a checkpoint of the SQLite database %s failed; the next commit will try again", self.path, exc_info=True)
+            return
+        with self._checkpoint_lock:
             self.checkpoints += 1
+            self.blocking_checkpoints += 1
+
+    def _checkpoint(self) -> None:
+        """In the checkpointer's thread: copy what the WAL holds into the database, writers
+        going on meanwhile. A failure is logged: the writer's own checkpoint still bounds the WAL."""
+        done = False
+        try:
+            if self._checkpoint_conn is None:
+                self._checkpoint_conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            self._checkpoint_conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            done = True
+        except Exception:
+            log.warning("a checkpoint of the SQLite database %s failed; the next one will try again", self.path, exc_info=True)
+        finally:
+            with self._checkpoint_lock:
+                self._checkpoint_running = None
+                self.checkpoints += done
 
     def close(self) -> None:
         """Close every connection (the reader threads end first)."""
         self._writer_thread.shutdown(wait=True)
+        self._checkpointer.shutdown(wait=True)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._checkpoint_conn is not None:
+            self._checkpoint_conn.close()
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for conn in readers:
@@ -256,7 +325,7 @@ def sqlite_pragmas(*, busy_timeout_s: float) -> Callable[[Any, Any], None]:
     """A ``connect`` listener giving every connection Tether's settings: WAL (readers never
     wait for the writer), ``synchronous=NORMAL`` (a commit does not wait for the disk; a power
     cut may lose the last commits but never corrupts), foreign keys, and how long to wait for
-    another connection's lock."""
+    another connection's lock; a WAL file cut back to :data:`WAL_KEPT_BYTES` when it starts again."""
 
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
@@ -264,6 +333,7 @@ def sqlite_pragmas(*, busy_timeout_s: float) -> Callable[[Any, Any], None]:
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cursor.execute(f"PRAGMA journal_size_limit={WAL_KEPT_BYTES}")
         cursor.close()
 
     return on_connect
