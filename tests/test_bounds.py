@@ -89,6 +89,27 @@ async def test_a_body_over_the_cap_is_refused_before_parsing_and_nothing_is_stor
             assert small.status_code == 201, small.text
 
 
+async def test_a_client_still_sending_a_refused_body_reads_the_413(db_url: str) -> None:
+    # The body passes the cap on its third chunk, and the client goes on sending 40 more. A
+    # server that answered and closed with those bytes unread would have its kernel reset the
+    # connection, and the client would see the reset, not the 413.
+    with served(db_url, max_body_bytes=10_000) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+
+            async def chunks() -> AsyncIterator[bytes]:
+                yield b'{"metadata": {"blob": "'
+                for _ in range(43):
+                    yield b"x" * 4000
+                yield b'"}}'
+
+            for _ in range(5):
+                refused = await http.post("/v1/threads", content=chunks(), headers={"content-type": "application/json"})
+                assert_error(refused, 413, "payload_too_large")
+                declared = await http.post("/v1/threads", content=b"".join([c async for c in chunks()]), headers={"content-type": "application/json"})
+                assert_error(declared, 413, "payload_too_large")
+            await healthy_and_empty(http)
+
+
 async def test_each_field_cap_is_a_422_naming_the_field_and_stores_nothing(db_url: str) -> None:
     with served(db_url) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:

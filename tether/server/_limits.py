@@ -159,9 +159,11 @@ class StreamSlots:
 class BodyLimit:
     """ASGI middleware: refuse a request body over ``max_bytes`` before anything parses it.
 
-    A ``Content-Length`` over the cap is refused at once, without reading the body; a body sent
+    A ``Content-Length`` over the cap is refused before anything parses the body; a body sent
     in chunks is counted as it arrives and refused as soon as it passes the cap. Either way the
-    answer is 413 ``payload_too_large`` and the route never runs, so nothing is stored.
+    answer is 413 ``payload_too_large`` and the route never runs, so nothing is stored. The rest
+    of the body, up to :data:`DRAIN_BYTES`, is read and thrown away before the answer, so that
+    the client reads the 413 rather than a reset connection.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -174,6 +176,8 @@ class BodyLimit:
             return
         declared, chunked = _body_framing(scope)
         if declared is not None and declared > self.max_bytes:
+            if declared <= self.max_bytes + DRAIN_BYTES:
+                await _drain(receive)
             await self._refuse(scope, receive, send)
             return
         if not chunked:
@@ -184,12 +188,14 @@ class BodyLimit:
             return
         received = 0
         too_large = False
+        more_body = True
 
         async def counting_receive() -> Message:
-            nonlocal received, too_large
+            nonlocal received, too_large, more_body
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                more_body = message.get("more_body", False)
                 if received > self.max_bytes:
                     too_large = True
                     raise _BodyTooLarge
@@ -207,6 +213,8 @@ class BodyLimit:
             if not too_large:
                 raise
         if too_large:
+            if more_body:
+                await _drain(receive)
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -214,6 +222,25 @@ class BodyLimit:
         response = error_response(413, error.code, error.message, error.details)
         response.headers["Connection"] = "close"  # the rest of the body is not read
         await response(scope, receive, send)
+
+
+#: How much more of a refused body is read and thrown away before the 413 is sent. A server
+#: that closes a connection with a request's bytes still unread makes the kernel reset it, and
+#: a client still sending its body then sees the reset instead of the answer; past this much,
+#: the connection is closed all the same.
+DRAIN_BYTES = 1024 * 1024
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and throw away the rest of a refused request body, at most :data:`DRAIN_BYTES`."""
+    left = DRAIN_BYTES
+    while left > 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        left -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 class _BodyTooLarge(Exception):
