@@ -1,0 +1,74 @@
+"""The webhook outbox, its delivery attempts and the stored ``Idempotency-Key`` answers.
+
+On the store's own metadata (migration 0009 creates them), so the outbox rows are written by
+the very transaction that commits the change they announce.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from ..store._tables import JSONType, Timestamp, metadata
+
+__all__ = ["webhook_outbox", "webhook_attempts", "idempotency_keys"]
+
+webhook_outbox = sa.Table(
+    "webhook_outbox",
+    metadata,
+    # The order of the rows: per endpoint and thread, the lowest pending seq is sent first.
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    # The ``webhook-id``: the same on every attempt, so receivers dedupe on it.
+    sa.Column("id", sa.String(64), nullable=False, unique=True),
+    sa.Column("endpoint", sa.String(64), nullable=False),
+    sa.Column("event_type", sa.String(40), nullable=False),
+    sa.Column("thread_id", sa.String(64), nullable=False),
+    sa.Column("interrupt_id", sa.String(64), nullable=True),
+    # The body sent, ``{"type", "timestamp", "data"}``, as its exact JSON text.
+    sa.Column("body", sa.Text, nullable=False),
+    # pending | delivered | failed | skipped | disabled
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    # Not sent before (``interrupt.expiring``: the lead before the expiry) and the next retry.
+    sa.Column("next_attempt_at", Timestamp, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    # The process sending it and until when its claim holds (a SIGKILLed sender's claim lapses).
+    sa.Column("lease_owner", sa.String(64), nullable=True),
+    sa.Column("lease_expires_at", Timestamp, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.Index("ix_webhook_outbox_due", "status", "next_attempt_at"),
+    sa.Index("ix_webhook_outbox_order", "endpoint", "thread_id", "status", "seq"),
+)
+
+webhook_attempts = sa.Table(
+    "webhook_attempts",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("outbox_id", sa.String(64), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("sender", sa.String(64), nullable=False),
+    sa.Column("started_at", Timestamp, nullable=False),
+    sa.Column("duration_ms", sa.Integer, nullable=False),
+    sa.Column("status_code", sa.Integer, nullable=True),
+    # ok | retry | failed | disabled
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Index("ix_webhook_attempts_outbox", "outbox_id", "attempt"),
+)
+
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("principal", sa.String(200), primary_key=True),
+    sa.Column("route", sa.String(300), primary_key=True),
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column("body_hash", sa.String(64), nullable=False),
+    # in_flight | done
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("status_code", sa.Integer, nullable=True),
+    sa.Column("content_type", sa.String(100), nullable=True),
+    sa.Column("response", sa.Text, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False),
+    sa.Index("ix_idempotency_keys_expires", "expires_at"),
+)
