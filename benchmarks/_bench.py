@@ -179,8 +179,9 @@ def tether_argv(port: int, db_url: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "tether.cli", "demo", "--port", str(port), "--db", db_url, "--log-level", "warning", *LIFTED_LIMITS, *extra]
 
 
-def floor_argv(port: int) -> list[str]:
-    return [sys.executable, str(HERE / "_floor_app.py"), "--port", str(port), "--log-level", "warning"]
+def floor_argv(port: int, db_url: str | None = None) -> list[str]:
+    """The floor on ``port``; with ``db_url``, the durable floor writing every event there."""
+    return [sys.executable, str(HERE / "_floor_app.py"), "--port", str(port), "--log-level", "warning", *(["--db", db_url] if db_url else [])]
 
 
 # -- a temporary PostgreSQL database --------------------------------------------------------------

@@ -1,5 +1,9 @@
 """The floor: a bare Starlette SSE endpoint with no model, no store and no fan-out.
 
+With ``--db sqlite:///PATH`` or ``--db postgresql://…`` it is the *durable floor*: every event
+is written to that database (``benchmarks/_durable.py``: group commit, WAL and
+``synchronous=NORMAL`` on SQLite) and sent only once its commit returned.
+
 ``POST /v1/stream?tokens=N`` streams the events a Tether run of the script
 ``{"tokens": N}`` sends (``retry:``, ``run_started``, ``status``, N ``token`` events, ``done``),
 with envelopes of the same shape and size (ids of the same length and alphabet, timestamps of
@@ -36,17 +40,21 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncGenerator, Iterable, Iterator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
+from contextlib import aclosing, asynccontextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from _durable import DurableWriter
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
@@ -117,18 +125,28 @@ def _events(tokens: int, park: bool = False) -> _Events:
     return _Events(tokens, park)
 
 
-def _chunks(events: Iterable[bytes]) -> Iterator[bytes]:
-    """Events joined into sends of about ``SEND_BYTES`` (whole events only), as Tether's SSE does."""
+def _groups(events: Iterable[bytes]) -> Iterator[list[bytes]]:
+    """Events in groups of about ``SEND_BYTES`` (whole events only), as Tether's SSE sends them."""
     part: list[bytes] = []
     size = 0
     for event in events:
         part.append(event)
         size += len(event)
         if size >= SEND_BYTES:
-            yield b"".join(part)
+            yield part
             part, size = [], 0
     if part:
-        yield b"".join(part)
+        yield part
+
+
+def _meta(event: bytes) -> tuple[int, str, bytes]:
+    """``(seq, type, event)`` of an encoded SSE event (``id: SEQ\nevent: TYPE\n…``)."""
+    head = event.split(b"\n", 2)
+    return int(head[0][4:]), head[1][7:].decode(), event
+
+
+#: The durable floor's writer (``--db``), None for the floor that only moves bytes.
+WRITER: DurableWriter | None = None
 
 
 class _Signals:
@@ -208,29 +226,56 @@ async def stream(request: Request) -> EventStream:
     gap = q.get("pace", "clock") == "gap"
     name = q.get("id") or _id("floor")
     events = _events(tokens, park)
+    # Durable: the rows of each stream under a key of its own (the envelopes stay the shared,
+    # pre-encoded ones, of the same size: the floor moves and stores bytes, it does not encode).
+    row_key = _id("run")
     signals = STREAMS[name] = _Signals()
 
-    def sends(ready: list[bytes]) -> Iterable[bytes]:
-        return _chunks(ready) if batch else ready
+    async def sends(ready: list[bytes]) -> AsyncIterator[bytes]:
+        groups = list(_groups(ready)) if batch or WRITER is not None else [[e] for e in ready]
+        if WRITER is None:
+            for group in groups:
+                yield b"".join(group)
+            return
+        # Durable before sent; the next group's commit is queued before this one's is awaited.
+        writer = WRITER
+        durable = writer.write(row_key, [_meta(e) for e in groups[0]])
+        for i, group in enumerate(groups):
+            following = writer.write(row_key, [_meta(e) for e in groups[i + 1]]) if i + 1 < len(groups) else None
+            await durable
+            if batch:
+                yield b"".join(group)
+            else:
+                for event in group:
+                    yield event
+            if following is not None:
+                durable = following
 
     async def body() -> AsyncGenerator[bytes, None]:
         try:
             yield b"retry: 1000\n\n"
-            if not delay and not park:
-                for chunk in sends([*events.head, *events.tokens, events.done]):
+            if not delay and not park and WRITER is None:
+                async for chunk in sends([*events.head, *events.tokens, events.done]):
                     yield chunk
                 return
-            for chunk in sends(events.head):
+            if not delay and not park:  # durable: the start commits alone, as a run's start does
+                async for chunk in sends(events.head):
+                    yield chunk
+                async for chunk in sends([*events.tokens, events.done]):
+                    yield chunk
+                return
+            async for chunk in sends(events.head):
                 yield chunk
             if park:
-                for chunk in sends(events.parked):
+                async for chunk in sends(events.parked):
                     yield chunk
                 while not (signals.resumed or signals.cancelled):
                     await signals.wait(None)
                 if signals.cancelled:
-                    yield events.cancelled(events.next_seq - tokens - 1)  # in place of ``resumed``
+                    async for chunk in sends([events.cancelled(events.next_seq - tokens - 1)]):  # in place of ``resumed``
+                        yield chunk
                     return
-                for chunk in sends(events.resumed):
+                async for chunk in sends(events.resumed):
                     yield chunk
             loop = asyncio.get_running_loop()
             start = loop.time()
@@ -238,10 +283,13 @@ async def stream(request: Request) -> EventStream:
                 if delay:
                     await signals.wait(delay if gap else max(0.0, start + (n + 1) * delay - loop.time()))
                 if signals.cancelled:
-                    yield events.cancelled(events.next_seq - tokens + n)
+                    async for chunk in sends([events.cancelled(events.next_seq - tokens + n)]):
+                        yield chunk
                     return
-                yield token
-            yield events.done
+                async for chunk in sends([token]):
+                    yield chunk
+            async for chunk in sends([events.done]):
+                yield chunk
         finally:
             STREAMS.pop(name, None)
 
@@ -271,13 +319,25 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
+@asynccontextmanager
+async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+    if WRITER is not None:
+        await WRITER.open()
+    try:
+        yield
+    finally:
+        if WRITER is not None:
+            await WRITER.aclose()
+
+
 app = Starlette(
+    lifespan=lifespan,
     routes=[
         Route("/v1/stream", stream, methods=["POST"]),
         Route("/v1/signal", signal, methods=["POST"]),
         Route("/v1/prepare", prepare, methods=["POST"]),
         Route("/healthz", healthz),
-    ]
+    ],
 )
 
 
@@ -288,7 +348,14 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--db", default=None, help="the durable floor: write every event to this sqlite:///PATH or postgresql:// database before sending it")
     args = parser.parse_args()
+    if args.db:
+        global WRITER
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _durable import DurableWriter
+
+        WRITER = DurableWriter(args.db)
     # The same call as tether._launch.serve_agent (the limits Tether adds do not bind here), on the
     # same event loop: uvloop accepting a burst of connections at once (tether/server/_loop.py,
     # loaded from its file: it needs only uvloop, and the floor imports nothing of Tether's).

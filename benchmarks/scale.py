@@ -24,6 +24,11 @@ Three kinds of server, each a subprocess on a free localhost port with the uvico
   way. It writes in two ways: *one send per event*, and *batched like Tether* (the events that
   are ready joined into sends of about 64 KiB, as ``tether/server/_sse.py`` does). Ratios are
   against the batched floor, the honest one; the per-event floor is shown beside it.
+- **The durable floors** (``_floor_app.py --db``, ``benchmarks/_durable.py``): the batched floor
+  writing every event to SQLite (WAL, ``synchronous=NORMAL``) or to PostgreSQL before it sends
+  it, with Tether's group-commit policy, and nothing else (no model, auth, validation, runs
+  table, leases or ``NOTIFY``). Each Tether column is also judged against the durable floor of
+  its own database ("vs durable floor" in the last column).
 
 Scenarios (``--only``, comma-separated; the default is all but ``scaleout``):
 
@@ -108,11 +113,17 @@ DEFAULT_SCENARIOS = SCENARIOS[:-1]
 
 #: Endpoint keys, in the order of the table's columns.
 FLOOR_EVENT, FLOOR, SQLITE, POSTGRES = "floor-event", "floor", "sqlite", "postgres"
+#: The durable floors (``_floor_app.py --db``): the floor writing every event to SQLite or
+#: PostgreSQL before sending it.
+FLOOR_SQLITE, FLOOR_PG = "floor-sqlite", "floor-pg"
+DURABLE_FLOOR = {SQLITE: FLOOR_SQLITE, POSTGRES: FLOOR_PG}
 #: The same Tether servers running another checkout's code (``--baseline``), for A/B comparisons.
 SQLITE_BASE, POSTGRES_BASE = "sqlite-base", "postgres-base"
 COLUMNS = {
     FLOOR_EVENT: "floor, one send per event",
     FLOOR: "floor, batched like Tether",
+    FLOOR_SQLITE: "durable floor SQLite",
+    FLOOR_PG: "durable floor PostgreSQL",
     SQLITE_BASE: "baseline SQLite",
     SQLITE: "Tether SQLite",
     POSTGRES_BASE: "baseline PostgreSQL",
@@ -614,13 +625,14 @@ Scenario = Callable[[Endpoint, Sizes], Awaitable[dict[str, float]]]
 
 #: Scenario → (function, endpoints it runs on).
 _TETHER = (SQLITE, SQLITE_BASE, POSTGRES, POSTGRES_BASE)  # the baselines run only with --baseline
+_DURABLE = (FLOOR_SQLITE, FLOOR_PG)  # with --db naming their database
 PLAN: dict[str, tuple[Scenario, tuple[str, ...]]] = {
-    "stream": (scenario_stream, (FLOOR_EVENT, FLOOR, *_TETHER)),
-    "burst": (scenario_burst, (FLOOR_EVENT, FLOOR, *_TETHER)),
-    "paced": (scenario_paced, (FLOOR, *_TETHER)),
-    "first-token": (scenario_first_token, (FLOOR, *_TETHER)),
-    "approve": (scenario_approve, (FLOOR, *_TETHER)),
-    "cancel": (scenario_cancel, (FLOOR, *_TETHER)),
+    "stream": (scenario_stream, (FLOOR_EVENT, FLOOR, *_DURABLE, *_TETHER)),
+    "burst": (scenario_burst, (FLOOR_EVENT, FLOOR, *_DURABLE, *_TETHER)),
+    "paced": (scenario_paced, (FLOOR, *_DURABLE, *_TETHER)),
+    "first-token": (scenario_first_token, (FLOOR, *_DURABLE, *_TETHER)),
+    "approve": (scenario_approve, (FLOOR, *_DURABLE, *_TETHER)),
+    "cancel": (scenario_cancel, (FLOOR, *_DURABLE, *_TETHER)),
     "parked": (scenario_parked, _TETHER),
     "startup": (scenario_startup, (FLOOR, *_TETHER)),
 }
@@ -756,6 +768,13 @@ def _med(results: Results, key: str, ep: str) -> float:
     return median(values) if values else float("nan")
 
 
+def _ratio(t: float, d: float, fig: Figure) -> str:
+    """Tether's median against its durable floor's (``floor + x ms`` for the latency goals that add)."""
+    if "floor +" in (fig.goal.text if fig.goal else ""):
+        return f"+{t - d:.1f} ms"
+    return f"{t / d:.2f}×" if d else "—"
+
+
 def main_table(results: Results, sz: Sizes) -> str:
     present = [c for c in COLUMNS if any(c in per for per in results.values())]
     lines = ["| figure | " + " | ".join(COLUMNS[c] for c in present) + " | target | met? |", "|---|" + "---:|" * len(present) + "---|---|"]
@@ -777,6 +796,9 @@ def main_table(results: Results, sz: Sizes) -> str:
                     continue
                 met, note = fig.goal.check(t, f, db)
                 verdicts.append(f"{name} {'✓' if met else '✗'}{(' ' + note) if note else ''}")
+                d = _med(results, fig.key, DURABLE_FLOOR[db])
+                if d == d and "floor" in fig.goal.text:
+                    verdicts.append(f"{name} vs durable floor {_ratio(t, d, fig)}")
         lines.append(f"| {fig.label} | " + " | ".join(cells) + f" | {fig.goal.text if fig.goal else ''} | {' · '.join(verdicts)} |")
     return "\n".join(lines)
 
@@ -988,6 +1010,16 @@ def main() -> None:
                 servers.append(floor)
                 eps[FLOOR_EVENT] = Endpoint(FLOOR_EVENT, floor, floor=True, batch=False)
                 eps[FLOOR] = Endpoint(FLOOR, floor, floor=True, batch=True)
+                if SQLITE in dbs:
+                    port = free_port()
+                    servers.append(s := Server(FLOOR_SQLITE, floor_argv(port, f"sqlite:///{tmp / 'floor.db'}"), port, tmp / "floor-sqlite.log"))
+                    eps[FLOOR_SQLITE] = Endpoint(FLOOR_SQLITE, s, floor=True, batch=True)
+                if POSTGRES in dbs:
+                    pg = PgDatabase(args.postgres_url).create()
+                    databases.append(pg)
+                    port = free_port()
+                    servers.append(s := Server(FLOOR_PG, floor_argv(port, pg.url), port, tmp / "floor-pg.log"))
+                    eps[FLOOR_PG] = Endpoint(FLOOR_PG, s, floor=True, batch=True)
                 sqlite_keys = [SQLITE, SQLITE_BASE] if args.baseline else [SQLITE]
                 postgres_keys = [POSTGRES, POSTGRES_BASE] if args.baseline else [POSTGRES]
                 for key in sqlite_keys if SQLITE in dbs else []:

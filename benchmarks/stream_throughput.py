@@ -16,7 +16,8 @@ It starts two servers as subprocesses on free localhost ports, with the uvicorn 
   events (same count, same envelope shape and size), encoded ahead of time, one chunk per
   event, with no store. Tether joins the events that are ready into sends of about 64 KiB,
   which this floor does not: ``--batched-floor`` makes it write that way too (the honest
-  floor; ``benchmarks/scale.py`` reports both).
+  floor; ``benchmarks/scale.py`` reports both), and ``--durable-floor`` makes it also write
+  every event to SQLite before sending it (``benchmarks/_durable.py``).
 
 The client is a raw socket (no HTTP library in the timed path): it sends the request, then
 only appends what ``recv`` returns and looks for three markers with ``bytearray.find``
@@ -223,6 +224,11 @@ def main() -> None:
         action="store_true",
         help="the floor joins its events into sends of about 64 KiB, as Tether's SSE does (default: one send per event; benchmarks/scale.py reports both)",
     )
+    parser.add_argument(
+        "--durable-floor",
+        action="store_true",
+        help="the durable floor: the batched floor writing every event to SQLite (WAL, synchronous=NORMAL, group commit) before sending it",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
@@ -234,8 +240,9 @@ def main() -> None:
                 servers["tether"] = (Server("tether", argv, port, Path(tmp) / "tether.log"), tether_stream)
             if args.only != "tether":
                 port = free_port()
-                floor = partial(floor_stream, batch=args.batched_floor)
-                servers["floor"] = (Server("floor", floor_argv(port), port, Path(tmp) / "floor.log"), floor)
+                floor = partial(floor_stream, batch=args.batched_floor or args.durable_floor)
+                floor_db = f"sqlite:///{Path(tmp) / 'floor.db'}" if args.durable_floor else None
+                servers["floor"] = (Server("floor", floor_argv(port, floor_db), port, Path(tmp) / "floor.log"), floor)
             for server, _ in servers.values():
                 server.wait_until_ready()
                 # The pid is for a profiler: py-spy record --pid <pid> while the streams run.
