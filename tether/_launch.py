@@ -18,7 +18,18 @@ from .agent import Agent
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-__all__ = ["KEEP_ALIVE_S", "GC_YOUNG_THRESHOLD", "log_config", "migrate", "serve_agent", "shown_url", "start_migrations", "tune_gc", "with_store"]
+__all__ = [
+    "KEEP_ALIVE_S",
+    "GC_YOUNG_THRESHOLD",
+    "default_workers",
+    "log_config",
+    "migrate",
+    "serve_agent",
+    "shown_url",
+    "start_migrations",
+    "tune_gc",
+    "with_store",
+]
 
 #: Seconds an idle keep-alive connection stays open.
 KEEP_ALIVE_S = 5
@@ -38,21 +49,107 @@ def serve_agent(
     drain_s: float,
     cors_origins: Sequence[str],
     limits: dict[str, Any],
+    workers: int | None = 1,
 ) -> None:
     """Serve ``agent`` on ``host:port`` with the database ``db`` until told to stop: the
-    migrations first (:func:`start_migrations`), then uvicorn on uvloop."""
+    migrations first (:func:`start_migrations`), then uvicorn on uvloop; with ``workers``
+    above 1 (None: :func:`default_workers`), that many processes sharing the port
+    (:mod:`tether._workers`)."""
+    count = default_workers(db) if workers is None else workers
+    if count > 1:
+        from . import _workers
+
+        if not db.startswith("postgresql"):
+            raise click.BadParameter(_workers.SQLITE_REFUSAL, param_hint="--workers")
+        migrating = start_migrations(db)
+        if migrating is not None:
+            migrating.join()
+            if migrating.exitcode != 0:
+                raise click.ClickException("the database's migrations failed (their error is above)")
+
+        def one_worker(sockets: list[Any]) -> None:
+            _serve(
+                agent,
+                sockets,
+                host=host,
+                port=port,
+                db=db,
+                log_level=log_level,
+                lease_seconds=lease_seconds,
+                max_connections=max_connections,
+                auth=auth,
+                four_eyes=four_eyes,
+                drain_s=drain_s,
+                cors_origins=cors_origins,
+                limits=limits,
+            )
+
+        bound = _workers.bind(host, port)
+        click.echo(
+            f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{bound.getsockname()[1]} with {count} worker processes (db: {shown_url(db)}, auth: {auth})",
+            err=True,
+        )
+        raise SystemExit(_workers.supervise(count, bound, one_worker))
     migrating = start_migrations(db)
+    _serve(
+        agent,
+        None,
+        host=host,
+        port=port,
+        db=db,
+        log_level=log_level,
+        lease_seconds=lease_seconds,
+        max_connections=max_connections,
+        auth=auth,
+        four_eyes=four_eyes,
+        drain_s=drain_s,
+        cors_origins=cors_origins,
+        limits=limits,
+        migrating=migrating,
+    )
+
+
+def default_workers(db: str) -> int:
+    """``--workers`` when it is not given: the cores this process may run on with PostgreSQL,
+    1 with SQLite (whose store serves one process only: :data:`tether._workers.SQLITE_REFUSAL`)."""
+    import os
+
+    if not db.startswith("postgresql"):
+        return 1
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def _serve(
+    agent: Agent,
+    sockets: list[Any] | None,
+    *,
+    host: str,
+    port: int,
+    db: str,
+    log_level: str,
+    lease_seconds: float,
+    max_connections: int,
+    auth: Literal["open", "keys"],
+    four_eyes: Literal["off", "destructive"],
+    drain_s: float,
+    cors_origins: Sequence[str],
+    limits: dict[str, Any],
+    migrating: BaseProcess | None = None,
+) -> None:
+    """One serving process: on ``sockets`` (a worker's, bound by its supervisor) or on ``host:port``."""
     import uvicorn
 
     from .server import Limits, create_app
-    from .server._serving import serve
+    from .server._serving import StreamEndingServer, serve
 
     app = create_app(agent, db, lease_s=lease_seconds, drain_s=drain_s, auth=auth, four_eyes=four_eyes, cors_origins=cors_origins, limits=Limits(**limits))
     if migrating is not None:
         migrating.join()
         if migrating.exitcode != 0:
             raise click.ClickException("the database's migrations failed (their error is above)")
-    click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {shown_url(db)}, auth: {auth})", err=True)
+    if sockets is None:
+        click.echo(f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{port} (db: {shown_url(db)}, auth: {auth})", err=True)
     tune_gc()
     config = uvicorn.Config(
         app,
@@ -68,7 +165,16 @@ def serve_agent(
         loop="tether.server._loop:new_event_loop",  # uvloop, accepting a burst of connections at once
     )
 
-    serve(app, config)  # ends the open streams as soon as it is told to stop
+    if sockets is None:
+        serve(app, config)  # ends the open streams as soon as it is told to stop
+        return
+    server = StreamEndingServer(config, app)
+    try:
+        server.run(sockets=sockets)
+    except KeyboardInterrupt:
+        pass
+    if not server.started:
+        raise SystemExit(3)
 
 
 def log_config() -> dict[str, Any]:

@@ -121,6 +121,7 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
         drain_s=options["drain_seconds"],
         cors_origins=options["cors_origin"],
         limits={name: options[name] for name in _LIMIT_OPTIONS},
+        workers=options["workers"],
     )
 
 
@@ -197,6 +198,13 @@ def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
         type=click.FloatRange(min=0),
         help="When told to stop: how long to let the runs under way finish before handing them over (PostgreSQL: to another process at once; SQLite: to the next start).",
     )(fn)
+    fn = click.option(
+        "--workers",
+        default=None,
+        type=click.IntRange(min=1),
+        envvar="TETHER_WORKERS",
+        help="Processes serving the port, under a supervisor that replaces a dead one (default: the number of cores with PostgreSQL, 1 with SQLite and for tether demo; above 1 needs PostgreSQL).",
+    )(fn)
     fn = click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))(fn)
     fn = click.option("--db", "db", default=None, help="Database URL (sqlite:///path or postgresql://…).")(fn)
     fn = click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))(fn)
@@ -251,6 +259,7 @@ def demo(
     from .demo import build_demo_agent
 
     _auth_mode(host, options["auth"])
+    options["workers"] = options["workers"] or 1  # a demo is one process unless asked
     _run_server(
         build_demo_agent(_model_from_option(model_spec, openai_base_url)),
         host,
