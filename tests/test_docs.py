@@ -211,3 +211,14 @@ def test_every_module_of_the_package_is_in_the_architecture_module_map() -> None
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "tether").rglob("*.py") if "migrations" not in p.parts}
     assert modules - mapped == set(), "modules missing from docs/architecture.md's module map"
     assert {m for m in mapped if m.endswith(".py")} - modules == set(), "the module map names modules that do not exist"
+
+
+def test_every_module_of_the_web_ui_is_in_the_architecture_module_map() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("| module | owns |") :]
+    table = table[: table.index("\n\n")]
+    mapped = set(re.findall(r"^\| `(tether/server/static/[^`]+)`", table, flags=re.M))
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "tether" / "server" / "static").glob("*.js")}
+    assert modules, "the web UI has no modules?"
+    assert modules - mapped == set(), "web UI modules missing from docs/architecture.md's module map"
+    assert mapped - modules == set(), "the module map names web UI modules that do not exist"

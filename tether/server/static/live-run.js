@@ -8,7 +8,8 @@
 
 import { ApprovalCard } from './approval-card.js';
 import { flushText, h, keepScroll, queueText } from './dom.js';
-import { AssistantBlock, ToolCard, userBubble } from './transcript.js';
+import { ToolCard } from './tool-card.js';
+import { AssistantBlock, userBubble } from './transcript.js';
 
 export class LiveRun {
   /**

@@ -1,0 +1,137 @@
+// @ts-nocheck
+/**
+ * tool-card.js — one tool call in the chat: its summary line, arguments, result (or why there
+ * is none) and, for a reviewed call, the decision. Used for streamed calls (`live-run.js`) and
+ * stored ones (`transcript.js`, with `toolOutcome` reading a stored tool message).
+ */
+
+import { argsDiff, clock, h, oneLine, plain, pretty, spinner } from './dom.js';
+
+const TOOL_STATE_LABELS = {
+  running: 'running…',
+  waiting: 'needs approval',
+  asking: 'waiting for your answer',
+  ok: 'done',
+  error: 'error',
+  rejected: 'rejected',
+  expired: 'expired',
+  responded: 'answered',
+  cancelled: 'cancelled',
+  unknown: 'outcome unknown',
+  unfinished: 'not finished',
+};
+
+/**
+ * One tool call: a one-line summary (arguments, then the result) that opens onto the full
+ * arguments and result, and — for a reviewed call — the decision, who made it and when, with an
+ * edit shown as a before → after diff. The decision line stays visible when the card is folded.
+ */
+export class ToolCard {
+  constructor({ callId, name, args, risk, gated }) {
+    this.callId = callId;
+    this.name = name;
+    this.args = args;
+    this.stateEl = h('span', { class: 'tool-state' });
+    this.summaryEl = h('span', { class: 'tool-summary' });
+    this.argsEl = h('pre', { class: 'args', text: pretty(args) });
+    this.resultLabel = h('div', { class: 'label', hidden: true, text: 'Result' });
+    this.resultEl = h('pre', { class: 'result', hidden: true });
+    this.decisionEl = h('div', { class: 'tool-decision', hidden: true });
+    this.details = h('details', { class: 'tool-details' },
+      h('summary', {},
+        h('span', { class: 'tool-icon', 'aria-hidden': 'true' }, '⚙'),
+        h('span', { class: 'tool-name', text: name }),
+        risk && risk !== 'read_only' ? h('span', { class: `risk risk-${risk}`, text: risk }) : null,
+        this.summaryEl,
+        this.stateEl),
+      h('div', { class: 'tool-body' },
+        h('div', { class: 'label', text: 'Arguments' }),
+        this.argsEl,
+        this.resultLabel, this.resultEl));
+    this.el = h('div', { class: 'tool-card', dataset: { callId, tool: name } }, this.details, this.decisionEl);
+    this.summaryEl.textContent = oneLine(args);
+    this.setState(gated ? 'waiting' : 'running');
+  }
+
+  setState(state) {
+    this.state = state;
+    this.el.dataset.status = state;
+    const busy = state === 'running';
+    this.stateEl.replaceChildren(busy ? spinner() : '', TOOL_STATE_LABELS[state] || state);
+  }
+
+  /** The arguments the tool ran with (a reviewer's edit replaces the model's). */
+  setArgs(args) {
+    this.args = args;
+    this.argsEl.textContent = pretty(args);
+    if (!this.resultText) this.summaryEl.textContent = oneLine(args);
+  }
+
+  /** A `tool_result` event's data, or the outcome parsed from a stored tool message. */
+  setResult({ status, result, error, reason }) {
+    this.setState(status);
+    let text;
+    if (status === 'ok') text = pretty(result);
+    else if (status === 'responded') text = pretty(result);
+    else text = error || reason || (result != null ? pretty(result) : '');
+    if (text) {
+      this.resultText = text;
+      this.resultLabel.hidden = false;
+      this.resultLabel.textContent = status === 'ok' ? 'Result' : status === 'responded' ? 'Answer' : 'Why';
+      this.resultEl.hidden = false;
+      this.resultEl.textContent = text;
+      const short = status === 'ok' ? oneLine(result) : status === 'responded' ? `“${plain(result)}”` : text;
+      this.summaryEl.textContent = status === 'responded' ? short : `${oneLine(this.args)} → ${short}`;
+    }
+  }
+
+  /**
+   * How a human (or the clock) decided this call: `{decision, actor?, ts?, reason?, message?,
+   * original?, edited?}`, decision one of approve, edit, reject, respond, expired.
+   */
+  setDecision(d) {
+    this.decision = d;
+    const who = d.actor && d.decision !== 'expired' ? ` by ${d.actor}` : '';
+    const when = d.ts ? clock(Date.parse(d.ts)) : '';
+    const at = when ? ` · ${when}` : '';
+    let line;
+    let diff = null;
+    if (d.decision === 'approve') line = `✓ Approved${who}${at}`;
+    else if (d.decision === 'edit') {
+      line = `✓ Approved with edits${who}${at}`;
+      const changes = argsDiff(d.original, d.edited);
+      if (changes.length) {
+        diff = h('ul', { class: 'diff', 'aria-label': 'What the reviewer changed' }, changes.map((c) => h('li', {},
+          h('span', { class: 'diff-key', text: `${c.key}: ` }),
+          h('del', {}, h('span', { class: 'sr-only', text: 'was ' }), c.before === undefined ? '(none)' : plain(c.before)),
+          h('span', { 'aria-hidden': 'true', text: ' → ' }),
+          h('ins', {}, h('span', { class: 'sr-only', text: 'now ' }), c.after === undefined ? '(removed)' : plain(c.after)))));
+      }
+      if (d.edited) this.setArgs(d.edited);
+    } else if (d.decision === 'reject') line = `✗ Rejected${who}${at}${d.reason ? ` — “${d.reason}”` : ''}`;
+    else if (d.decision === 'respond') line = `↩ Answered${who}${at}${d.message ? ` — “${d.message}”` : ''}`;
+    else if (d.decision === 'expired') line = `✗ Expired${when ? ` at ${when}` : ''} — not executed: nobody decided in time`;
+    else line = `${d.decision}${who}${at}`;
+    this.decisionEl.hidden = false;
+    this.decisionEl.dataset.decision = d.decision;
+    this.decisionEl.replaceChildren(h('span', { class: 'decision-line', text: line }), ...(diff ? [diff] : []));
+  }
+}
+
+/** The outcome of a stored tool message (content: result JSON, reviewer text, or {status, error|reason}). */
+export function toolOutcome(message) {
+  let value;
+  try {
+    value = JSON.parse(message.content);
+  } catch (_) {
+    return { status: message.status === 'cancelled' ? 'cancelled' : 'responded', result: message.content };
+  }
+  const failure = ['error', 'rejected', 'expired', 'cancelled', 'unknown'];
+  if (value && typeof value === 'object' && !Array.isArray(value) && failure.includes(value.status)
+      && Object.keys(value).every((k) => ['status', 'error', 'reason'].includes(k))) {
+    return { status: value.status, error: value.error, reason: value.reason };
+  }
+  return { status: message.status === 'cancelled' ? 'cancelled' : 'ok', result: value };
+}
+
+// -- messages --------------------------------------------------------------------------------
