@@ -57,12 +57,23 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` (all threads), from /proc."""
+    """utime + stime of process ``pid`` (all threads) and of its live children (the workers of
+    a ``--workers`` server), from /proc."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
     # Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     fields = stat[stat.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    total = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for child in children:
+        try:
+            total += cpu_seconds(int(child))
+        except OSError:  # ended meanwhile
+            pass
+    return total
 
 
 def rss_bytes(pid: int) -> int:

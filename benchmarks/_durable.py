@@ -75,7 +75,9 @@ class DurableWriter:
             import asyncpg
 
             self._pg = await asyncpg.connect(self.url.replace("postgresql+asyncpg://", "postgresql://"))
-            await self._pg.execute(_SCHEMA)
+            async with self._pg.transaction():  # workers starting together create it once
+                await self._pg.execute("SELECT pg_advisory_xact_lock(4303)")
+                await self._pg.execute(_SCHEMA)
         self._task = asyncio.create_task(self._write_loop())
 
     async def aclose(self) -> None:

@@ -35,17 +35,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
+import signal as signals_module
+import socket
 import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from contextlib import aclosing, asynccontextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -349,6 +352,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--db", default=None, help="the durable floor: write every event to this sqlite:///PATH or postgresql:// database before sending it")
+    parser.add_argument("--workers", type=int, default=1, help="processes on the port, each listening with SO_REUSEPORT (as tether serve --workers)")
     args = parser.parse_args()
     if args.db:
         global WRITER
@@ -363,16 +367,55 @@ def main() -> None:
     assert spec is not None and spec.loader is not None
     sys.modules["_tether_loop"] = module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=3,
-        timeout_keep_alive=5,
-        backlog=2048,
-        loop="_tether_loop:new_event_loop",
-    )
+    settings: dict[str, Any] = {
+        "log_level": args.log_level,
+        "timeout_graceful_shutdown": 3,
+        "timeout_keep_alive": 5,
+        "backlog": 2048,
+        "loop": "_tether_loop:new_event_loop",
+    }
+    if args.workers <= 1:
+        uvicorn.run(app, host=args.host, port=args.port, **settings)
+        return
+    _serve_workers(args.workers, args.host, args.port, lambda sock: uvicorn.Server(uvicorn.Config(app, **settings)).run(sockets=[sock]))
+
+
+def _serve_workers(count: int, host: str, port: int, serve: Callable[[socket.socket], None]) -> None:
+    """``count`` forked processes, each serving its own ``SO_REUSEPORT`` socket on ``host:port``
+    (as ``tether/_workers.py`` does, without its restarts); SIGTERM or SIGINT is passed on."""
+
+    def listening() -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        return sock
+
+    held = listening()  # holds the port; never listens
+    children: list[int] = []
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            held.close()
+            sock = listening()
+            sock.listen(2048)
+            code = 0
+            try:
+                serve(sock)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        children.append(pid)
+
+    def forward(sig: int, _frame: object) -> None:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signals_module.SIGTERM)
+
+    signals_module.signal(signals_module.SIGTERM, forward)
+    signals_module.signal(signals_module.SIGINT, forward)
+    for pid in children:
+        os.waitpid(pid, 0)
 
 
 if __name__ == "__main__":

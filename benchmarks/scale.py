@@ -940,6 +940,12 @@ def parse_args() -> tuple[argparse.Namespace, Sizes, list[str]]:
         help="Tether's database(s) (default both; none: the floor alone, to check the client)",
     )
     parser.add_argument("--only", default=None, help=f"comma-separated scenarios out of {', '.join(SCENARIOS)}, or 'all' (default: all but scaleout)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes for Tether on PostgreSQL and for the floors (the SQLite ones stay at 1: tether serve refuses more there); default 1",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for checking that it works (a smoke run, not a measurement)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw per-round figures to this file")
     parser.add_argument(
@@ -1006,7 +1012,8 @@ def main() -> None:
             try:
                 eps: dict[str, Endpoint] = {}
                 port = free_port()
-                floor = Server("floor", floor_argv(port), port, tmp / "floor.log")
+                workers = ["--workers", str(args.workers)] if args.workers > 1 else []
+                floor = Server("floor", [*floor_argv(port), *workers], port, tmp / "floor.log")
                 servers.append(floor)
                 eps[FLOOR_EVENT] = Endpoint(FLOOR_EVENT, floor, floor=True, batch=False)
                 eps[FLOOR] = Endpoint(FLOOR, floor, floor=True, batch=True)
@@ -1018,7 +1025,7 @@ def main() -> None:
                     pg = PgDatabase(args.postgres_url).create()
                     databases.append(pg)
                     port = free_port()
-                    servers.append(s := Server(FLOOR_PG, floor_argv(port, pg.url), port, tmp / "floor-pg.log"))
+                    servers.append(s := Server(FLOOR_PG, [*floor_argv(port, pg.url), *workers], port, tmp / "floor-pg.log"))
                     eps[FLOOR_PG] = Endpoint(FLOOR_PG, s, floor=True, batch=True)
                 sqlite_keys = [SQLITE, SQLITE_BASE] if args.baseline else [SQLITE]
                 postgres_keys = [POSTGRES, POSTGRES_BASE] if args.baseline else [POSTGRES]
@@ -1031,7 +1038,7 @@ def main() -> None:
                     databases.append(pg)
                     print(f"database {pg.name} created", file=sys.stderr)
                     port = free_port()
-                    servers.append(s := Server(key, tether_argv(port, pg.url), port, tmp / f"{key}.log", code=CODE[key]))
+                    servers.append(s := Server(key, tether_argv(port, pg.url, *workers), port, tmp / f"{key}.log", code=CODE[key]))
                     eps[key] = Endpoint(key, s, floor=False)
                 for s in servers:
                     s.wait_until_ready()
@@ -1071,6 +1078,8 @@ def main() -> None:
     if args.baseline:
         print(f'Baseline (the "baseline" columns, same rounds, interleaved): {tether_revision(args.baseline)}')
     print(f"Versions: {versions()}")
+    if args.workers > 1:
+        print(f"Workers: {args.workers} processes for Tether PostgreSQL and for the floors (SQLite: 1)")
     if pg_server:
         print(f"PostgreSQL: {pg_server}")
     print(
