@@ -25,6 +25,8 @@ from ..agent import Agent
 from ..runtime import Runtime
 from ..runtime._gate import FourEyesPolicy
 from ..store import Principal
+from ..webhooks import WebhookSettings, start_webhooks
+from ..webhooks import _routes as webhook_routes
 from . import _agui, _auth, _inbox, _metrics, _resume, _runs, _threads
 from ._auth import Authenticate, AuthMode, principal_of
 from ._deps import caller_of, request_buckets_of
@@ -53,6 +55,7 @@ def create_app(
     four_eyes: FourEyesPolicy = "off",
     cors_origins: Sequence[str] = (),
     limits: Limits | None = None,
+    webhooks: WebhookSettings | None = None,
 ) -> FastAPI:
     """Build the application serving ``agent`` on the database at ``db_url``.
 
@@ -71,7 +74,8 @@ def create_app(
     shell). ``four_eyes="destructive"`` makes every destructive call need an approver other
     than the run's requester. ``cors_origins`` are the browser origins allowed to call the API
     from other sites (none by default). ``limits`` bounds what callers may ask (:class:`Limits`;
-    the defaults are never reached by a single user).
+    the defaults are never reached by a single user). ``webhooks`` sends signed notifications
+    of interrupts and finished runs to the endpoints it names (docs/webhooks.md).
     """
     limits = limits or Limits()
     if auth not in get_args(AuthMode):
@@ -97,10 +101,14 @@ def create_app(
         )
         app.state.runtime = runtime
         app.state.store = runtime.store
+        sender = await start_webhooks(runtime.store, webhooks) if webhooks is not None else None
+        app.state.webhooks = sender
         try:
             await runtime.start()
             yield
         finally:
+            if sender is not None:
+                await sender.aclose()
             await runtime.drain(drain_s)
             await runtime.aclose()
             # A hosted model's connection pool belongs to this event loop, which ends here.
@@ -139,6 +147,7 @@ def create_app(
     app.include_router(_inbox.router, dependencies=counted)
     app.include_router(_metrics.router)
     app.include_router(_agui.router, dependencies=counted)
+    app.include_router(webhook_routes.router, dependencies=counted)
     for route in agent.routes:
         if isinstance(route, APIRoute):  # its errors have the standard shape too: say so
             route.responses = {**ERROR_RESPONSES, **route.responses}

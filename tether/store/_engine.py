@@ -39,6 +39,8 @@ from ._writelock import WriteLock
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+    from ..webhooks._outbox import Outbox
+
 __all__ = ["StoreBase", "normalize_db_url", "Writing", "Reading"]
 
 #: What a store operation writes through: the inline SQLite writer, a PostgreSQL connection of
@@ -101,6 +103,9 @@ class StoreBase:
         self.lease_s = 10.0
         # SQLite allows one writer; serialise ours rather than collide on SQLITE_BUSY.
         self._write_lock: WriteLock | None = WriteLock() if self.is_sqlite else None
+        #: Webhooks' outbox writer (``tether.webhooks``), when configured: the transactions of
+        #: notable changes call it to insert their notifications on the same connection.
+        self.outbox: Outbox | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 

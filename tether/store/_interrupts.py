@@ -9,6 +9,7 @@ concurrent cancel.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -65,6 +66,8 @@ class ReviewStore(EventStore):
                 )
             )
             await self._write_events(conn, record.run_id, [event])
+            if self.outbox is not None:
+                await self.outbox.interrupt_created(conn, record)
         return True
 
     async def get_interrupt(self, interrupt_id: str) -> InterruptRecord:
@@ -171,6 +174,9 @@ class ReviewStore(EventStore):
             if audit_entries:
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
             run_row = (await conn.execute(runs.select().where(runs.c.id == current.run_id))).first()
+            if self.outbox is not None:
+                left = dataclasses.replace(current, status=to_status, decisions=decisions, resolved_by=actor, resolved_at=now)
+                await self.outbox.interrupt_left(conn, left)
         updated = InterruptRecord(
             current.id,
             current.run_id,

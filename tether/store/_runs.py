@@ -383,6 +383,8 @@ class RunStore(EventStore):
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
             if last_turn is not None:
                 await _write_turn(conn, run_id, last_turn)
+            if self.outbox is not None:
+                await self.outbox.run_finished(conn, run_id, str(status))
         return True
 
 

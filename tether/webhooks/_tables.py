@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from ..store._tables import JSONType, Timestamp, metadata
+from ..store._tables import Timestamp, metadata
 
 __all__ = ["webhook_outbox", "webhook_attempts", "idempotency_keys"]
 
