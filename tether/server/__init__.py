@@ -32,6 +32,7 @@ from ._auth import Authenticate, AuthMode, principal_of
 from ._deps import caller_of, request_buckets_of
 from ._errors import install_error_handlers
 from ._guard import RefuseNul
+from ._idempotency import Idempotency
 from ._limits import RUN_ADMISSION, BodyLimit, Limits, StreamSlots, TokenBuckets, check_rate
 from ._openapi import ERROR_RESPONSES
 from ._ui import install_ui
@@ -126,6 +127,7 @@ def create_app(
     app.state.run_admission = asyncio.Semaphore(RUN_ADMISSION)
     install_error_handlers(app)
     # The last added runs first: CORS (answers preflights, which carry no key), then NUL, then who.
+    app.add_middleware(Idempotency)  # inside authentication: a key belongs to its principal
     app.add_middleware(Authenticate, mode=auth)
     app.add_middleware(RefuseNul)
     if cors_origins:
@@ -133,7 +135,7 @@ def create_app(
             CORSMiddleware,
             allow_origins=list(cors_origins),
             allow_methods=["GET", "POST", "PUT", "PATCH"],
-            allow_headers=["Authorization", "Content-Type", "Accept", "Last-Event-ID"],
+            allow_headers=["Authorization", "Content-Type", "Accept", "Last-Event-ID", "Idempotency-Key"],
             expose_headers=["Location", "X-Run-Id"],
         )
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)  # outermost: before anything reads the body
