@@ -282,6 +282,36 @@ async def stream(request: Request) -> EventStream:
                     yield chunk
             loop = asyncio.get_running_loop()
             start = loop.time()
+            if WRITER is not None:
+                # Durable and paced: tokens are written at their due time whatever the commits
+                # are doing (as Tether's model produces while its event log commits), each sent
+                # once durable, in order.
+                writer = WRITER
+                queued: asyncio.Queue[tuple[asyncio.Future[None], bytes] | None] = asyncio.Queue()
+
+                def put(event: bytes) -> None:
+                    queued.put_nowait((writer.write(row_key, [_meta(event)]), event))
+
+                async def produce() -> None:
+                    for n, token in enumerate(events.tokens):
+                        if delay:
+                            await signals.wait(delay if gap else max(0.0, start + (n + 1) * delay - loop.time()))
+                        if signals.cancelled:
+                            put(events.cancelled(events.next_seq - tokens + n))
+                            break
+                        put(token)
+                    else:
+                        put(events.done)
+                    queued.put_nowait(None)
+
+                producer = asyncio.create_task(produce())
+                try:
+                    while (item := await queued.get()) is not None:
+                        await item[0]
+                        yield item[1]
+                finally:
+                    producer.cancel()
+                return
             for n, token in enumerate(events.tokens):
                 if delay:
                     await signals.wait(delay if gap else max(0.0, start + (n + 1) * delay - loop.time()))
