@@ -50,6 +50,7 @@ def serve_agent(
     cors_origins: Sequence[str],
     limits: dict[str, Any],
     workers: int | None = 1,
+    webhooks: Any = None,
 ) -> None:
     """Serve ``agent`` on ``host:port`` with the database ``db`` until told to stop: the
     migrations first (:func:`start_migrations`), then uvicorn on uvloop; with ``workers``
@@ -82,6 +83,7 @@ def serve_agent(
                 drain_s=drain_s,
                 cors_origins=cors_origins,
                 limits=limits,
+                webhooks=webhooks,
             )
 
         bound = _workers.bind(host, port)
@@ -106,6 +108,7 @@ def serve_agent(
         cors_origins=cors_origins,
         limits=limits,
         migrating=migrating,
+        webhooks=webhooks,
     )
 
 
@@ -136,6 +139,7 @@ def _serve(
     cors_origins: Sequence[str],
     limits: dict[str, Any],
     migrating: BaseProcess | None = None,
+    webhooks: Any = None,
 ) -> None:
     """One serving process: on ``sockets`` (a worker's, bound by its supervisor) or on ``host:port``."""
     import uvicorn
@@ -143,7 +147,9 @@ def _serve(
     from .server import Limits, create_app
     from .server._serving import StreamEndingServer, serve
 
-    app = create_app(agent, db, lease_s=lease_seconds, drain_s=drain_s, auth=auth, four_eyes=four_eyes, cors_origins=cors_origins, limits=Limits(**limits))
+    app = create_app(
+        agent, db, lease_s=lease_seconds, drain_s=drain_s, auth=auth, four_eyes=four_eyes, cors_origins=cors_origins, limits=Limits(**limits), webhooks=webhooks
+    )
     if migrating is not None:
         migrating.join()
         if migrating.exitcode != 0:

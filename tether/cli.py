@@ -31,6 +31,7 @@ from ._launch import migrate as migrate_schema
 from ._launch import serve_agent, with_store
 from .agent import Agent
 from .models import Model
+from .webhooks._cli import settings_from_options, webhook_options
 
 __all__ = ["main"]
 
@@ -122,6 +123,7 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
         cors_origins=options["cors_origin"],
         limits={name: options[name] for name in _LIMIT_OPTIONS},
         workers=options["workers"],
+        webhooks=settings_from_options(options),
     )
 
 
@@ -205,6 +207,7 @@ def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
         envvar="TETHER_WORKERS",
         help="Processes serving the port, under a supervisor that replaces a dead one (default: the number of cores with PostgreSQL, 1 with SQLite and for tether demo; above 1 needs PostgreSQL).",
     )(fn)
+    fn = webhook_options(fn)
     fn = click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))(fn)
     fn = click.option("--db", "db", default=None, help="Database URL (sqlite:///path or postgresql://…).")(fn)
     fn = click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))(fn)
