@@ -35,6 +35,7 @@ from tether.runtime._eventlog import EventLog
 from tether.runtime._groupcommit import GroupCommit
 from tether.store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord, TurnOutcome
 from tether.store import _tables as tables
+from tether.webhooks import _tables as _webhook_tables  # noqa: F401  (its tables are on the store's metadata)
 
 from .conftest import postgres_url_for_test, sqlite_url
 

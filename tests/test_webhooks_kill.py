@@ -47,6 +47,8 @@ class HoldingReceiver:
         body = b""
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the sender died while sending the body: no request was made
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
