@@ -377,7 +377,7 @@ async def test_a_hard_cancel_refused_because_a_soft_one_ended_the_run_leaves_no_
     wait_for_idle, finish_run, request_cancel = executor.events.wait_for_idle, store.finish_run, store.request_cancel
 
     async def idle_after_the_hard_signal() -> None:
-        if executor._ending_cancel is not None and not handed_over.is_set():  # ending for the soft request
+        if executor.cancel.handed_over and not handed_over.is_set():  # ending for the soft request
             handed_over.set()
             await hard_signalled.wait()
         await wait_for_idle()

@@ -36,6 +36,7 @@ __all__ = [
     "Done",
     "RunError",
     "Cancelled",
+    "CancelMode",
     "Envelope",
     "StoredEvent",
     "DeltaEncoder",
@@ -168,12 +169,17 @@ class RunError(Event):
     partial_message_id: str | None = None
 
 
+#: How a cancel stops a run: ``soft`` lets executing tools finish, ``hard`` cancels them too
+#: (both stop the model at once).
+CancelMode = Literal["soft", "hard"]
+
+
 class Cancelled(Event):
     """Terminal: the run was cancelled by an explicit cancel request."""
 
     type: ClassVar[str] = "cancelled"
     terminal: ClassVar[bool] = True
-    mode: Literal["soft", "hard"]
+    mode: CancelMode
     reason: str | None = None
     actor: str | None = None
     partial_message_id: str | None = None

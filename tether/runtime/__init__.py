@@ -21,30 +21,25 @@ from typing import Any
 from .._ids import utcnow
 from ..agent import Agent
 from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
-from ..events import Envelope, Event, Resumed, StoredEvent, format_ts
+from ..events import CancelMode, Resumed, format_ts
 from ..models import Usage
-from ..store import AuditEntry, CancelRequest, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store, args_digest
+from ..store import AuditEntry, CancelControl, ControlMessage, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
-from ._cancel import as_cancel_mode, cancelled_event
+from ._cancel import Cancels
 from ._config import RunConfig
+from ._eventlog import stored_event
 from ._follow import FellBehind, StreamEnded, follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
 from ._groupcommit import GroupCommit
 from ._history import HistoryPolicy
 from ._pgbus import open_bus
-from ._resumes import ResumesUnderWay
 from ._runner import RunExecutor
 from ._takeover import Takeover
-from ._turn import ParkedTurn, turn_messages
+from ._turn import ParkedTurn
 
 __all__ = ["Runtime", "RunConfig", "HistoryPolicy", "LocalBus", "Subscription", "follow_run", "FellBehind", "StreamEnded"]
 
 log = logging.getLogger("tether.runtime")
-
-
-def _stored(run_id: str, seq: int, event: Event) -> StoredEvent:
-    envelope = Envelope.wrap(run_id, seq, event, utcnow())
-    return StoredEvent(seq, envelope.type, envelope.to_json())
 
 
 class Runtime(Takeover):
@@ -72,9 +67,8 @@ class Runtime(Takeover):
         self.max_queued_messages = max_queued_messages
         self._executors: dict[str, RunExecutor] = {}
         self._run_tasks: dict[str, asyncio.Task[None]] = {}
-        #: Runs that a cancel request of this process is finishing without an executor.
-        self._finishing: set[str] = set()
-        self._resumes = ResumesUnderWay()
+        #: Every cancel request, whoever executes its run (:mod:`._cancel`).
+        self._cancels = Cancels(store, self.bus, self._executors, self._executed_elsewhere)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._draining = False
@@ -260,77 +254,19 @@ class Runtime(Takeover):
         """How many runs this process is executing now."""
         return sum(1 for executor in self._executors.values() if not executor.parked)
 
-    async def cancel(self, run_id: str, *, mode: str = "soft", reason: str | None = None, actor: str = "anonymous") -> RunRecord:
-        """Explicitly cancel a run (the only way a run becomes ``cancelled``). Idempotent while
-        cancelling; a ``hard`` request upgrades an earlier ``soft`` one.
-        :class:`~tether.errors.RunNotActive` once the run is terminal."""
-        signalled = self._executors.get(run_id)
-        if signalled is not None and signalled.in_model_call:
-            # A run streaming its answer (the usual case) ends in the write that records the
-            # request; if that did not apply (a request came first, a fault), record it below.
-            if await signalled.cancel_and_end(CancelRequest(as_cancel_mode(mode), reason, actor)):
-                return await self.store.get_run(run_id)
-        if signalled is not None and not signalled.parked:
-            # One hop: the model stops generating now; the executor ends the run only once the
-            # request below is durable (it waits for ``cancel_recorded``).
-            signalled.request_cancel(as_cancel_mode(mode), recorded=False)
-        written: RunRecord | None = None
-        try:  # the request and its audit entry: one transaction
-            record = written = await self.store.request_cancel(run_id, mode=mode, reason=reason, actor=actor, audited=True)
-        finally:
-            if signalled is not None:
-                signalled.cancel_recorded(written)
-        executor = self._executors.get(run_id)  # again: it may have parked meanwhile
-        if executor is not None and not executor.parked:
-            executor.request_cancel(as_cancel_mode(record.cancel_mode or mode))  # an earlier hard request stays hard
-        elif self._executed_elsewhere(record):
-            # Another live process executes it: tell that one (it also re-checks the store).
-            await self.store.send_control({"kind": "cancel", "run_id": run_id, "mode": record.cancel_mode or mode})
-        elif run_id in self._resumes:  # a resume here is committing: it deals with the cancel
-            self._resumes.cancel_came(run_id, record)
-        elif run_id not in self._finishing:
-            # Nothing executes it here (queued, waiting for a human, or orphaned): finish it
-            # directly. The conditional write makes a racing finisher harmless; a second cancel
-            # request meanwhile must not write the results and steering messages a second time.
-            self._finishing.add(run_id)
-            try:
-                await self._cancel_without_executor(record)
-            finally:
-                self._finishing.discard(run_id)
-        return await self.store.get_run(run_id)
+    async def cancel(self, run_id: str, *, mode: CancelMode = "soft", reason: str | None = None, actor: str = "anonymous") -> RunRecord:
+        """Explicitly cancel a run (the only way a run becomes ``cancelled``; how, in one
+        file: :mod:`._cancel`). Idempotent while cancelling; a ``hard`` request upgrades an
+        earlier ``soft`` one. :class:`~tether.errors.RunNotActive` once the run is terminal."""
+        return await self._cancels.cancel(run_id, mode=mode, reason=reason, actor=actor)
 
-    def _on_control(self, message: dict[str, Any]) -> None:
+    def _on_control(self, message: ControlMessage) -> None:
         """A command from another process (through the bus)."""
-        if message.get("kind") == "released":
+        if isinstance(message, CancelControl):
+            self._cancels.recorded_elsewhere(message.run_id, message.mode)
+        elif not self._closing and not self._draining:
             # A process stopped and gave up its runs: take them over now, not at the next look.
-            if not self._closing and not self._draining:
-                self._spawn(self._claim_released(), "claim-released")
-            return
-        executor = self._executors.get(str(message.get("run_id")))
-        if executor is None or executor.parked:
-            return
-        if message.get("kind") == "cancel":
-            executor.request_cancel(as_cancel_mode(str(message.get("mode"))))
-
-    async def _cancel_without_executor(self, record: RunRecord) -> None:
-        """Finish a cancelling run that no task executes; a pending interrupt's gated calls
-        get ``cancelled`` results and never run. Results, tool messages, queued steering messages
-        and the ``cancelled`` event are those an executor would write (one copy: ``_turn``)."""
-        seq = await self.store.last_seq(record.id) + 1
-        before: list[StoredEvent] = []
-        pending = await self.store.pending_interrupts(run_ids=[record.id])
-        if pending:
-            turn = ParkedTurn.from_json(pending[0].turn)
-            for call in turn.settle_unrun("run cancelled while waiting for review"):
-                before.append(_stored(record.id, seq, call.result_event()))
-                seq += 1
-            # Steering messages queued before the pause were announced (``user_message``), so they are
-            # never dropped: they join the tree after the results, where a resume puts them.
-            for message in turn_messages(turn.calls, turn.steering, thread_id=record.thread_id, run_id=record.id, parent_id=turn.assistant_message_id):
-                await self.store.add_message(message)
-        final = _stored(record.id, seq, cancelled_event(record))
-        if await self.store.finish_run(record.id, status="cancelled", final_event=final, from_statuses=("cancelling",), events_before=before):
-            self.bus.publish(record.id, [*before, final])
+            self._spawn(self._claim_released(), "claim-released")
 
     async def steer(self, run_id: str, content: str) -> str:
         """Steer a running run: send it a message (``user_message`` now, history before the next
@@ -404,7 +340,7 @@ class Runtime(Takeover):
                 )
             )
         run_id = interrupt.run_id
-        self._resumes.begin(run_id)
+        self._cancels.resumes.begin(run_id)
         try:
             resolved, event, run = await self.store.leave_pending(
                 interrupt_id,
@@ -413,15 +349,15 @@ class Runtime(Takeover):
                 decisions=public,
                 turn=turn.to_json(),
                 actor=actor,
-                make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public, actor=actor)),
+                make_event=lambda run_id, seq: stored_event(
+                    run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public, actor=actor)
+                ),
                 audit_entries=entries,
             )
         except BaseException:
-            cancelled = self._resumes.end(run_id)
-            if cancelled is not None and run_id not in self._executors:
-                await self._cancel_without_executor(cancelled)  # the cancel left the run to us
+            await self._cancels.resume_lost(run_id)  # a cancel meanwhile left the run to us
             raise
-        self._resumes.end(run_id)  # a cancel meanwhile: the executor finds it in the store
+        self._cancels.resumes.end(run_id)  # a cancel meanwhile: the executor finds it in the store
         # No await between the winning write and launch: a cancel arriving now finds the
         # executor; one that arrived during the write is found by the executor in the store.
         self.bus.publish(resolved.run_id, [event])
@@ -444,7 +380,9 @@ class Runtime(Takeover):
                 decisions=public,
                 turn=turn.to_json(),
                 actor="system",
-                make_event=lambda run_id, seq: _stored(run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public, actor="system")),
+                make_event=lambda run_id, seq: stored_event(
+                    run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public, actor="system")
+                ),
                 audit_entries=[
                     AuditEntry(
                         "expired", "system", interrupt.thread_id, interrupt.run_id, interrupt.id, c.id, c.name, decision="expired", outcome="not_executed"

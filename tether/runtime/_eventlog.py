@@ -23,7 +23,13 @@ from ._groupcommit import GroupCommit
 if TYPE_CHECKING:
     from ._bus import LocalBus
 
-__all__ = ["EventLog"]
+__all__ = ["EventLog", "stored_event"]
+
+
+def stored_event(run_id: str, seq: int, event: Event) -> StoredEvent:
+    """``event`` at ``seq`` as the log stores it, for a writer with no :class:`EventLog` of the
+    run (a resume, an expiry, a cancel that no executor carries out)."""
+    return StoredEvent(seq, event.type, Envelope.encode(run_id, seq, event, now_ts()))
 
 
 class EventLog:
@@ -106,7 +112,7 @@ class EventLog:
         """
         seq = self._next_seq
         self._next_seq += 1
-        return StoredEvent(seq, event.type, Envelope.encode(self.run_id, seq, event, now_ts()))
+        return stored_event(self.run_id, seq, event)
 
     def restart_at(self, seq: int) -> None:
         """After a failed commit: drop what was not written and continue at ``seq``."""

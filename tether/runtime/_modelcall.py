@@ -14,15 +14,14 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from .._ids import new_id
 from ..agent import Agent
 from ..errors import ModelError
-from ..events import Event, RunError, Status
+from ..events import RunError, Status
 from ..models import ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, Usage
 from ..models._retry import stream_with_retries
 from ..store import MessageRecord, RunRecord, Store, TurnOutcome
+from ._cancel import RunCancel
 from ._config import RunConfig
 from ._storable import describe_exception, storable_request, storable_text
 from ._turn import ModelTurn, announce_calls, json_safe, masked_args
@@ -42,11 +41,10 @@ class ModelCalls:
     agent: Agent
     run: RunRecord
     config: RunConfig
-    cancel_mode: str | None
+    cancel: RunCancel
     usage: Usage
     _leaf_id: str | None
     _partial_message_id: str | None
-    _model_scope: anyio.CancelScope | None
     _on_usage: Callable[[Usage], None] | None
     _started_turn: MessageRecord | None
     _cancelled_turn: TurnOutcome | None
@@ -74,12 +72,9 @@ class ModelCalls:
         self._partial_message_id = message.id
         parts: list[str] = []
         requests: list[ToolCallRequest] = []
-        failure: Event | None = None
+        failure: RunError | None = None
         emit_delta = self.events.emit_delta  # once, not at every delta
-        with anyio.CancelScope() as scope:
-            self._model_scope = scope
-            if self.cancel_mode:
-                scope.cancel()
+        with self.cancel.model_scope() as scope:
             try:
                 async with aclosing(stream_with_retries(self.agent.model, request, self.agent.retry, on_retry=self._announce_retry)) as stream:
                     async for delta in stream:
@@ -100,8 +95,6 @@ class ModelCalls:
             except Exception as exc:
                 logger.warning("model call of run %s failed: %r", self.run.id, exc)
                 failure = RunError(code="model_error", message=describe_exception(exc), retryable=True, partial_message_id=message.id if parts else None)
-            finally:
-                self._model_scope = None
         self._count_usage(request.usage)
         text = "".join(parts)
         if scope.cancel_called and failure is None:

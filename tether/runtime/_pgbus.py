@@ -12,7 +12,7 @@ followers *stale*: each catches up from the store itself (the same gapless path 
 reconnect), and from then on the bus knows where the run's log stands. Its own notifications
 it ignores: local followers already got those events directly.
 
-``tether_control`` carries small JSON commands to the process executing a run (a cancel sent to
+``tether_control`` carries small typed commands (:data:`~tether.store.ControlMessage`) to the process executing a run (a cancel sent to
 another process). Notifications are not stored: a listener that reconnects marks every
 follower stale, so nothing is missed, and a control message that finds no listener is covered
 by the executor's own periodic check of the run's status in the store.
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..events import StoredEvent
-from ..store._notify import CONTROL_CHANNEL, EVENTS_CHANNEL, parse_control_payload, parse_events_payload
+from ..store._notify import CONTROL_CHANNEL, EVENTS_CHANNEL, ControlMessage, parse_control_payload, parse_events_payload
 from ._bus import LocalBus
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class PostgresBus(LocalBus):
         self._announced: dict[str, int] = {}
         self._fetchers: dict[str, asyncio.Task[None]] = {}
         #: Called with each control message from another process.
-        self.on_control: Callable[[dict[str, Any]], None] | None = None
+        self.on_control: Callable[[ControlMessage], None] | None = None
         self._conn: asyncpg.Connection | None = None
         self._supervisor: asyncio.Task[None] | None = None
 
@@ -144,9 +144,9 @@ class PostgresBus(LocalBus):
             subscription.mark_stale()
 
     def _on_control(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        message = parse_control_payload(payload)
-        if message is not None and message.get("origin") != self.origin and self.on_control is not None:
-            self.on_control(message)
+        notice = parse_control_payload(payload)
+        if notice is not None and notice.origin != self.origin and self.on_control is not None:
+            self.on_control(notice.message)
 
     async def aclose(self) -> None:
         """Stop listening."""

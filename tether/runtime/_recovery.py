@@ -23,22 +23,21 @@ equals their logged tokens and whose tool calls were all announced, and logged t
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from ..events import Done, Event, Status
+from ..events import Done, Status
 from ..models import ChatMessage, Usage
 from ..store import MessageRecord, Store
+from ._end import Stop
 from ._turn import CallItem
 
 if TYPE_CHECKING:
     from ..agent import Agent
     from ..store import RunRecord
+    from ._cancel import RunCancel
     from ._eventlog import EventLog
 
-__all__ = ["WAITING", "CheckpointRecovery", "LoggedRun"]
-
-#: Returned when the run parked on an interrupt (no terminal event).
-WAITING = object()
+__all__ = ["CheckpointRecovery", "LoggedRun"]
 
 
 class LoggedRun:
@@ -93,7 +92,7 @@ class CheckpointRecovery:
     store: Store
     agent: Agent
     run: RunRecord
-    cancel_mode: str | None
+    cancel: RunCancel
     accepting_messages: bool
     _leaf_id: str | None
     _partial_message_id: str | None
@@ -112,7 +111,7 @@ class CheckpointRecovery:
 
         async def history_at(self, leaf_id: str | None) -> list[ChatMessage]: ...
 
-    async def recover_checkpoint(self) -> list[ChatMessage] | Event | object:
+    async def recover_checkpoint(self) -> list[ChatMessage] | Done | Literal[Stop.WAITING]:
         """Repair the store toward the log; return the history to go on with, the outcome
         (``done`` of an answer that only lacked it), or WAITING when a call went to review."""
         logged = await LoggedRun.read(self.store, self.run.id)
@@ -138,7 +137,7 @@ class CheckpointRecovery:
             answered = {m.tool_call_id for m in path[turn + 1 :] if m.role == "tool"}
             missing = [c for c in path[turn].tool_calls or () if c["id"] not in answered]
             if missing and await self._recover_calls(missing, logged):
-                return WAITING
+                return Stop.WAITING
         return await self.history_at(self._leaf_id)
 
     async def _repair_last_turn(self, path: list[MessageRecord], logged: LoggedRun) -> str | None:
@@ -153,7 +152,7 @@ class CheckpointRecovery:
             calls = [{"id": c["call_id"], "name": c["name"], "args": c["args"]} for c in announced]
             await self.store.update_message(last.id, content=text, status="complete", tool_calls=calls)
             return None
-        if self.cancel_mode:  # the run ends here: its partial answer stays, flagged
+        if self.cancel.requested:  # the run ends here: its partial answer stays, flagged
             await self.store.update_message(last.id, content=text, status="cancelled")
             self._partial_message_id = last.id
             return None
@@ -197,7 +196,7 @@ class CheckpointRecovery:
                 call.settle("unknown", reason="the server stopped while this ran; its outcome is unknown")
             self.events.emit(call.result_event())
         await self._execute(to_run, audited=False)
-        if to_review and not self.cancel_mode and await self._park(calls, to_review):
+        if to_review and not self.cancel.requested and await self._park(calls, to_review):
             return True
         await self._settle(calls)
         return False

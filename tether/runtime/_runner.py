@@ -20,38 +20,37 @@ a new executor that applies the decisions, records one result per call in the mo
 and goes on.
 
 **Cancellation** is the run's own, kept apart from an outside ``CancelledError`` (server
-shutdown): :meth:`RunExecutor.request_cancel` cancels the *model* scope at once (both modes)
-and, for ``hard``, the *tools* scope too; ``soft`` lets executing tools finish and record their
-results. Only at the run's edge does a requested cancel become the ``cancelled`` outcome. An
-outside cancellation propagates untouched and leaves the run for recovery.
+shutdown): the executor's :class:`~._cancel.RunCancel` (:attr:`RunExecutor.cancel`) holds the
+*model* scope (cancelled in both modes) and the *tools* scope (``hard`` only), and carries a
+request from signalled to the ``cancelled`` end; the loop only asks whether one was requested.
+An outside cancellation propagates untouched and leaves the run for recovery.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
 from .._ids import new_id, utcnow
 from ..agent import Agent
 from ..errors import LimitExceeded, RunNotActive
-from ..events import Done, Event, Interrupt, RunError, Status, UserMessage, format_ts
+from ..events import Done, Interrupt, RunError, Status, UserMessage, format_ts
 from ..models import ChatMessage, ModelRequest, Usage
-from ..store import AuditEntry, CancelRequest, CreatedRun, InterruptRecord, MessageRecord, RunRecord, Store, TurnOutcome, args_digest
+from ..store import AuditEntry, CreatedRun, InterruptRecord, MessageRecord, RunRecord, Store, TurnOutcome, args_digest
 from ..tools import Tool, ToolContext
-from ._cancel import CancelMode, as_cancel_mode
+from ._cancel import RunCancel
 from ._config import RunConfig
-from ._end import RunEnd
+from ._end import Outcome, RunEnd, Stop
 from ._eventlog import EventLog
 from ._gate import FourEyesPolicy, action_request, needs_four_eyes, review_config
 from ._groupcommit import GroupCommit
 from ._history import HistoryPolicy, to_chat_messages
 from ._modelcall import ModelCalls
-from ._recovery import WAITING, CheckpointRecovery
+from ._recovery import CheckpointRecovery
 from ._storable import describe_exception
 from ._turn import CallItem, ParkedTurn, json_safe, turn_messages
 
@@ -92,10 +91,9 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         self.max_queued_messages = max_queued_messages
         self._bus = bus
         self._events: EventLog | None = None  # created by execute()
-        #: The requested cancel mode, or None. "Requested", not "done".
-        self.cancel_mode: CancelMode | None = None
-        self._model_scope: anyio.CancelScope | None = None
-        self._tools_scope: anyio.CancelScope | None = None
+        #: The run's cancel as this executor carries it out (:mod:`._cancel`). A run taken over
+        #: while it was stopping starts signalled: the dead process was already stopping it.
+        self.cancel = RunCancel(store, run, mode=run.cancel_mode if takeover and run.status == "cancelling" else None)
         self._partial_message_id: str | None = None
         self._leaf_id: str | None = run.input_message_id
         #: The first model turn's assistant message, committed with the run's start together
@@ -110,8 +108,6 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         #: The last model turn when it answered without calls, to be stored with the run's end
         #: (or before the next model call).
         self._answer_turn: TurnOutcome | None = None
-        if takeover and run.status == "cancelling":  # the dead process was already stopping it
-            self.cancel_mode = as_cancel_mode(run.cancel_mode)
         #: Steering messages sent into the run, announced but not yet in the history.
         self._steering: list[tuple[str, str]] = []
         #: False once the run is about to end: a steering message then gets 409 instead of being lost.
@@ -123,13 +119,6 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         self.usage = Usage(int((run.usage or {}).get("input_tokens", 0)), int((run.usage or {}).get("output_tokens", 0)))
         self._on_usage = on_usage
         self._writer = writer
-        #: Clear while a cancel request signalled here is being written by the runtime.
-        self._cancel_durable = asyncio.Event()
-        self._cancel_record: RunRecord | None = None
-        self._cancel_durable.set()
-        #: A cancel request handed over by :meth:`cancel_and_end`, to be written with the run's
-        #: end, and the answer its caller awaits (did that write commit?).
-        self._ending_cancel: tuple[CancelRequest, asyncio.Future[bool]] | None = None
 
     @property
     def events(self) -> EventLog:
@@ -139,53 +128,9 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
 
     # -- control ---------------------------------------------------------------------------
 
-    def request_cancel(self, mode: CancelMode, *, recorded: bool = True) -> None:
-        """Stop the model stream now; with ``hard`` also cancel executing tools. Idempotent.
-
-        ``recorded=False``: the request is not durable yet (the runtime is writing it); the run
-        ends only after :meth:`cancel_recorded`.
-        """
-        if not recorded and not self.cancel_mode:
-            self._cancel_durable.clear()
-        if self.cancel_mode != "hard":
-            self.cancel_mode = mode
-        if self._model_scope is not None:
-            self._model_scope.cancel()
-        if mode == "hard" and self._tools_scope is not None:
-            self._tools_scope.cancel()
-
-    @property
-    def in_model_call(self) -> bool:
-        """True while the run streams from its model and no cancel was requested yet: a cancel
-        now ends it without waiting for anything (see :meth:`cancel_and_end`)."""
-        return self._model_scope is not None and self.cancel_mode is None and not self.parked
-
-    async def cancel_and_end(self, request: CancelRequest) -> bool:
-        """Cancel in one write: stop the model call now and end the run with the transaction
-        that also records ``request`` (and its audit entry). Only while :attr:`in_model_call`:
-        from there the run's end follows at once (no tool runs, nothing is parked).
-
-        True once that transaction committed. False when it did not apply (the run was no
-        longer ``running``: another request was recorded first) or did not happen: the caller
-        then records ``request`` as usual, and the run ends once that is over
-        (:meth:`cancel_recorded`).
-        """
-        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._ending_cancel = (request, answer)
-        self.request_cancel(as_cancel_mode(request.mode))
-        # Shielded: a caller that goes away does not stop the run's end (nor its answer).
-        return await asyncio.shield(answer)
-
-    def cancel_recorded(self, record: RunRecord | None = None) -> None:
-        """The runtime's attempt to record the cancel request is over: written (``record``, the
-        run as the request left it), or failed (None)."""
-        if record is not None and record.status == "cancelling":
-            self._cancel_record = record
-        self._cancel_durable.set()
-
     def steer(self, content: str) -> str:
         """Queue a steering message: announced now, in the history before the next model call."""
-        if not self.accepting_messages or self.cancel_mode:
+        if not self.accepting_messages or self.cancel.requested:
             raise RunNotActive(f"run {self.run.id!r} is finishing and takes no more messages")
         if len(self._steering) >= self.max_queued_messages:
             raise LimitExceeded(
@@ -224,32 +169,32 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         self._events = events
         try:
             outcome = await self._run_segment()
-            if outcome is not WAITING:
-                await self._finish(outcome)  # type: ignore[arg-type]  # not WAITING: an Event
+            if outcome is not Stop.WAITING:
+                await self._finish(outcome)
         except Exception as exc:  # an internal fault: the run fails, the server does not
             logger.exception("run %s failed", self.run.id)
             await self._finish(RunError(code="internal_error", message=describe_exception(exc)))
         finally:
-            self._answer_ending_cancel(False)  # the run did not end here with the request
+            self.cancel.answer_hand_over(False)  # the run did not end here with the request
             await events.aclose()
 
-    async def _run_segment(self) -> Event | object:
+    async def _run_segment(self) -> Outcome | Literal[Stop.WAITING]:
         """From where this segment starts (new, resumed, taken over) to an outcome, or WAITING
         when this executor has nothing (more) to finish."""
         if self.takeover:
             if (await self.store.get_run(self.run.id)).terminal:
                 # Claimed just as its previous executor in this process ended it: that one was
                 # gone when this one was launched, so its final write is committed. Nothing to do.
-                return WAITING
+                return Stop.WAITING
             recovered = await self.recover_checkpoint()
-            if recovered is WAITING or isinstance(recovered, Event):
-                return recovered
-            return await self._loop(recovered)  # type: ignore[arg-type]  # neither WAITING nor an Event
+            if isinstance(recovered, list):
+                return await self._loop(recovered)
+            return recovered
         if self.resume is not None:
             # A cancel recorded while the resume was committing found no executor to tell.
             current = await self.store.get_run(self.run.id)
             if current.status == "cancelling":
-                self.request_cancel(as_cancel_mode(current.cancel_mode))
+                self.cancel.signal(current.cancel_mode or "soft")
             return await self._loop(await self._apply_review(self.resume))
         if self._created is not None:  # created running, with its first status and turn's message
             if self._created.input.parent_id is None:  # a new conversation: its input is the whole path
@@ -268,8 +213,8 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
             self.events.unseal(announce)
             current = await self.store.get_run(self.run.id)
             if current.status != "cancelling":
-                return WAITING  # someone else owns it, or it is terminal: nothing to finish here
-            self.cancel_mode = as_cancel_mode(current.cancel_mode)
+                return Stop.WAITING  # someone else owns it, or it is terminal: nothing to finish here
+            self.cancel.signal(current.cancel_mode or "soft")
         return await self._loop(await self.history_at(self.run.input_message_id))
 
     async def history_at(self, leaf_id: str | None) -> list[ChatMessage]:
@@ -278,14 +223,14 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
         path = await self.store.path_to(self.run.thread_id, leaf_id, limit=self.history_policy.max_messages + 1)
         return self.history_policy.apply(to_chat_messages(path))
 
-    async def _loop(self, history: list[ChatMessage]) -> Event | object:
+    async def _loop(self, history: list[ChatMessage]) -> Outcome | Literal[Stop.WAITING]:
         max_steps = self.config.max_steps or self.agent.max_steps
         tool_specs = self.agent.tool_specs()
         system = [ChatMessage("system", self.agent.system_prompt)] if self.agent.system_prompt else []
         for _ in range(max_steps):
             if self._started_turn is None:
-                if self.cancel_mode:
-                    return self._cancelled_event()
+                if self.cancel.requested:
+                    return Stop.CANCELLED
                 await self._take_steering(history)
             # else the first turn began with the run's start: it goes on (a cancel stops its
             # model call at once and stores its answer as cancelled; a steering message that came
@@ -294,12 +239,12 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
             turn = await self._model_turn(ModelRequest(system + history, tool_specs))
             if turn.failure is not None:
                 return turn.failure
-            if self.cancel_mode and not turn.calls:
+            if self.cancel.requested and not turn.calls:
                 if self._partial_message_id is None:
                     # The answer finished just as the cancel came: a cancelled run has no
                     # finished answer, so it is kept flagged like any partial one.
                     await self._flag_answer_cancelled(turn.message_id)
-                return self._cancelled_event()
+                return Stop.CANCELLED
             history.append(ChatMessage("assistant", turn.text, tuple(turn.requests)))
             # Calls that were stored always get their results, even after a cancel request
             # (then ``cancelled``, and nothing new starts): no tool call is left dangling.
@@ -310,42 +255,36 @@ class RunExecutor(ModelCalls, RunEnd, CheckpointRecovery):
                 self.accepting_messages = False
                 return Done(message_id=turn.message_id, usage=self.usage.to_json())
             results = await self._handle_calls(turn.calls)
-            if results is WAITING:
-                return WAITING
-            history.extend(results)  # type: ignore[arg-type]  # not WAITING: the tool messages
-            if self.cancel_mode:
-                return self._cancelled_event()
+            if results is Stop.WAITING:
+                return Stop.WAITING
+            history.extend(results)
+            if self.cancel.requested:
+                return Stop.CANCELLED
         return RunError(code="max_steps_exceeded", message=f"the run made {max_steps} model calls without finishing")
 
     # -- tools -------------------------------------------------------------------------------
 
-    async def _handle_calls(self, calls: list[CallItem]) -> list[ChatMessage] | object:
+    async def _handle_calls(self, calls: list[CallItem]) -> list[ChatMessage] | Literal[Stop.WAITING]:
         """Answer the invalid calls; run the ungated ones; park on the gated ones."""
         for call in calls:
             if call.settled:  # unknown tool or invalid args
                 self.events.emit(call.result_event())
         await self._execute([c for c in calls if not c.settled and not c.gated], audited=False)
         gated = [c for c in calls if not c.settled and c.gated]
-        if gated and not self.cancel_mode:
+        if gated and not self.cancel.requested:
             if await self._park(calls, gated):
-                return WAITING
+                return Stop.WAITING
         return await self._settle(calls)
 
     async def _execute(self, calls: list[CallItem], *, audited: bool) -> None:
         """Run ``calls`` concurrently (each gets a status and a ``tool_result``)."""
-        if not calls or self.cancel_mode:
+        if not calls or self.cancel.requested:
             return  # after a cancel request nothing new starts; _settle marks them cancelled
         self.events.emit(Status(stage="tool", detail=", ".join(c.name for c in calls)))
-        with anyio.CancelScope() as scope:
-            self._tools_scope = scope
-            if self.cancel_mode == "hard":
-                scope.cancel()
-            try:
-                async with anyio.create_task_group() as tg:
-                    for call in calls:
-                        tg.start_soon(self._run_tool, call)
-            finally:
-                self._tools_scope = None
+        with self.cancel.tools_scope():
+            async with anyio.create_task_group() as tg:
+                for call in calls:
+                    tg.start_soon(self._run_tool, call)
         if audited:
             await self.store.add_audit(
                 [

@@ -20,10 +20,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .._ids import utcnow
-from ..store import RunRecord, Store
-from ._cancel import as_cancel_mode
+from ..store import ReleasedControl, RunRecord, Store
 
 if TYPE_CHECKING:
+    from ._cancel import Cancels
     from ._runner import RunExecutor
 
 __all__ = ["Takeover"]
@@ -39,6 +39,7 @@ class Takeover:
     """The claims of a :class:`~tether.runtime.Runtime` on runs: keeping, taking, handing over."""
 
     store: Store
+    _cancels: Cancels
     _executors: dict[str, RunExecutor]
     _run_tasks: dict[str, asyncio.Task[None]]
     _closing: bool
@@ -89,7 +90,7 @@ class Takeover:
         try:
             released = await self.store.release_runs(run_ids)
             if released:
-                await self.store.send_control({"kind": "released", "run_ids": released})
+                await self.store.send_control(ReleasedControl(tuple(released)))
                 log.info("released %d run(s) for another process, or the next start, to take over", len(released))
         except Exception as exc:
             # Their leases then lapse as if this process had died: the takeover only waits longer.
@@ -120,9 +121,8 @@ class Takeover:
                     # (an outside cancellation; the run now belongs to another process).
                     self._stop_task_of(run_id)
                 for run_id, cancel_mode in held.items():
-                    executor = self._executors.get(run_id)
-                    if cancel_mode is not None and executor is not None and executor.cancel_mode not in ("hard", cancel_mode):
-                        executor.request_cancel(as_cancel_mode(cancel_mode))
+                    if cancel_mode is not None:
+                        self._cancels.recorded_elsewhere(run_id, cancel_mode)
             except Exception:
                 log.exception("lease keeper failed; retrying")
 

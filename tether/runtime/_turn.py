@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._ids import new_id
-from ..events import Event, ToolCall, ToolResult, ToolStatus
+from ..events import RunError, ToolCall, ToolResult, ToolStatus
 from ..models import ToolCallRequest
 from ..store import MessageRecord
 from ..tools import Tool, ToolArgsError
@@ -195,7 +195,7 @@ class ModelTurn:
     text: str
     requests: list[ToolCallRequest]
     calls: list[CallItem]
-    failure: Event | None = None
+    failure: RunError | None = None
 
 
 def turn_messages(calls: list[CallItem], steering: list[tuple[str, str]], *, thread_id: str, run_id: str, parent_id: str | None) -> list[MessageRecord]:

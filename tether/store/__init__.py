@@ -23,6 +23,7 @@ from __future__ import annotations
 from ..events import StoredEvent
 from ._engine import normalize_db_url
 from ._lookup import Found
+from ._notify import CancelControl, ControlMessage, ReleasedControl
 from ._records import (
     ACTIVE_RUN_STATUSES,
     EXECUTOR_RUN_STATUSES,
@@ -54,6 +55,9 @@ __all__ = [
     "AuditEntry",
     "TurnOutcome",
     "CancelRequest",
+    "CancelControl",
+    "ReleasedControl",
+    "ControlMessage",
     "CreatedRun",
     "Principal",
     "KeyRecord",

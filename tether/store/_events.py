@@ -75,7 +75,7 @@ class EventStore(StoreBase):
         async with self._point_reading() as conn:
             return await _last_seq(conn, run_id)
 
-    async def send_control(self, message: dict[str, Any]) -> None:
+    async def send_control(self, message: channels.ControlMessage) -> None:
         """Send a small command to every other process (e.g. cancel a run it executes)."""
         if self.is_sqlite:
             return  # one process: no one else to tell

@@ -13,8 +13,9 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from .._ids import as_utc, utcnow
+from ..events import CancelMode
 from ._engine import StoreBase
-from ._records import EXECUTOR_RUN_STATUSES, RunRecord, run_record
+from ._records import EXECUTOR_RUN_STATUSES, RunRecord, cancel_mode_of, run_record
 from ._tables import runs
 
 __all__ = ["LeaseStore"]
@@ -23,7 +24,7 @@ __all__ = ["LeaseStore"]
 class LeaseStore(StoreBase):
     """Lease operations of :class:`~tether.store.Store`."""
 
-    async def renew_leases(self, run_ids: Sequence[str]) -> dict[str, str | None]:
+    async def renew_leases(self, run_ids: Sequence[str]) -> dict[str, CancelMode | None]:
         """Extend this process's claim on the runs it executes. Returns the runs it still holds
         (a run missing from the answer was taken over by another process), each with the cancel
         mode recorded for it if it is ``cancelling`` (else None): what the lease keeper checks
@@ -37,7 +38,7 @@ class LeaseStore(StoreBase):
                 .values(lease_expires_at=self._lease_values()["lease_expires_at"])
                 .returning(runs.c.id, runs.c.status, runs.c.cancel_mode)
             )
-            return {run_id: cancel_mode if status == "cancelling" else None for run_id, status, cancel_mode in result}
+            return {run_id: cancel_mode_of(cancel_mode) if status == "cancelling" else None for run_id, status, cancel_mode in result}
 
     async def release_runs(self, run_ids: Sequence[str]) -> list[str]:
         """Give up this process's claim on runs it stopped executing (it is shutting down), so

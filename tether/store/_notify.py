@@ -9,14 +9,20 @@ never data: a listener that misses some catches up from the store.
   committed events of each ``run_id`` up to its ``seq``. One notification per commit (more only
   when the runs of a commit would not fit in one payload), not one per run: a process ignores
   its own with one comparison, and PostgreSQL queues one instead of hundreds.
-- ``tether_control``: a JSON object with ``origin`` and ``kind`` (e.g. ``{"kind": "cancel",
-  "run_id": …, "mode": …}``) — a command for the process executing a run.
+- ``tether_control``: a JSON object with ``origin`` and ``kind``, read into a
+  :data:`ControlMessage`: ``{"kind": "cancel", "run_id": …, "mode": …}`` (:class:`CancelControl`,
+  for the process executing the run) or ``{"kind": "released", "run_ids": […]}``
+  (:class:`ReleasedControl`: a stopping process gave those runs up).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..events import CancelMode
+from ._records import cancel_mode_of
 
 __all__ = [
     "EVENTS_CHANNEL",
@@ -25,6 +31,10 @@ __all__ = [
     "events_payloads",
     "MAX_PAYLOAD_BYTES",
     "parse_events_payload",
+    "CancelControl",
+    "ReleasedControl",
+    "ControlMessage",
+    "ControlNotice",
     "control_payload",
     "parse_control_payload",
 ]
@@ -70,15 +80,51 @@ def parse_events_payload(payload: str) -> EventsNotice:
     return EventsNotice(origin, runs)
 
 
-def control_payload(message: dict[str, Any], origin: str) -> str:
+@dataclass(frozen=True, slots=True)
+class CancelControl:
+    """A cancel of ``run_id``, recorded already: for the process executing the run."""
+
+    run_id: str
+    mode: CancelMode
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasedControl:
+    """A stopping process gave up its claims on ``run_ids``: take them over now."""
+
+    run_ids: tuple[str, ...]
+
+
+#: A command between processes (``tether_control``).
+ControlMessage = CancelControl | ReleasedControl
+
+
+class ControlNotice(NamedTuple):
+    """A ``tether_control`` notification: who sent it (None if it does not say) and what."""
+
+    origin: str | None
+    message: ControlMessage
+
+
+def control_payload(message: ControlMessage, origin: str) -> str:
     """The payload of a control ``message`` sent by ``origin``."""
-    return json.dumps({**message, "origin": origin})
+    if isinstance(message, CancelControl):
+        return json.dumps({"kind": "cancel", "run_id": message.run_id, "mode": message.mode, "origin": origin})
+    return json.dumps({"kind": "released", "run_ids": list(message.run_ids), "origin": origin})
 
 
-def parse_control_payload(payload: str) -> dict[str, Any] | None:
-    """Read a ``control_payload``; None if it is not a JSON object."""
+def parse_control_payload(payload: str) -> ControlNotice | None:
+    """Read a ``control_payload``; None if it is not one."""
     try:
-        message = json.loads(payload)
+        data = json.loads(payload)
     except ValueError:
         return None
-    return message if isinstance(message, dict) else None
+    if not isinstance(data, dict):
+        return None
+    origin = data.get("origin")
+    origin = origin if isinstance(origin, str) else None
+    if data.get("kind") == "cancel" and isinstance(data.get("run_id"), str):
+        return ControlNotice(origin, CancelControl(data["run_id"], cancel_mode_of(str(data.get("mode"))) or "soft"))
+    if data.get("kind") == "released" and isinstance(data.get("run_ids"), list):
+        return ControlNotice(origin, ReleasedControl(tuple(str(r) for r in data["run_ids"])))
+    return None

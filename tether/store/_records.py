@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from .._ids import as_utc, new_id, utcnow
+from ..events import CancelMode
 
 __all__ = [
     "RunStatus",
@@ -32,6 +33,7 @@ __all__ = [
     "args_digest",
     "thread_record",
     "run_record",
+    "cancel_mode_of",
     "message_record",
     "message_values",
     "interrupt_record",
@@ -89,7 +91,7 @@ class TurnOutcome:
 class CancelRequest:
     """A cancel request as the run records it: its mode, why, and who asked."""
 
-    mode: str
+    mode: CancelMode
     reason: str | None
     actor: str
 
@@ -122,7 +124,7 @@ class RunRecord:
     started_at: datetime | None
     ended_at: datetime | None
     error: dict[str, Any] | None
-    cancel_mode: str | None
+    cancel_mode: CancelMode | None
     cancel_reason: str | None
     cancel_actor: str | None
     #: The process executing the run (None while it waits for a human, or once it ended).
@@ -285,6 +287,13 @@ def thread_record(row: Any) -> ThreadRecord:
     return ThreadRecord(row.id, row.owner, row.metadata or {}, row.active_leaf_id, as_utc(row.created_at))
 
 
+def cancel_mode_of(value: str | None) -> CancelMode | None:
+    """A cancel mode as stored (a column, a notification): ``hard``, ``soft`` or none."""
+    if value is None:
+        return None
+    return "hard" if value == "hard" else "soft"
+
+
 def run_record(row: Any) -> RunRecord:
     """A :class:`RunRecord` from a ``runs`` row."""
     return RunRecord(
@@ -297,7 +306,7 @@ def run_record(row: Any) -> RunRecord:
         started_at=as_utc(row.started_at),
         ended_at=as_utc(row.ended_at),
         error=row.error,
-        cancel_mode=row.cancel_mode,
+        cancel_mode=cancel_mode_of(row.cancel_mode),
         cancel_reason=row.cancel_reason,
         cancel_actor=row.cancel_actor,
         executor_id=row.executor_id,

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from .._ids import new_id, utcnow
 from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadBusy
-from ..events import Envelope, RunStarted, Status, StoredEvent
+from ..events import CancelMode, Envelope, RunStarted, Status, StoredEvent
 from . import _notify as channels
 from ._engine import Writing
 from ._events import EventStore
@@ -287,7 +287,7 @@ class RunStore(EventStore):
         async with self._writing() as conn:
             await _write_turn(conn, run_id, turn)
 
-    async def request_cancel(self, run_id: str, *, mode: str, reason: str | None, actor: str, audited: bool = False) -> RunRecord:
+    async def request_cancel(self, run_id: str, *, mode: CancelMode, reason: str | None, actor: str, audited: bool = False) -> RunRecord:
         """Record a cancel request: active → ``cancelling``; a second hard request upgrades a soft one.
 
         ``audited``: the request's audit entry (``cancel`` by ``actor``) is written in the same
@@ -344,7 +344,7 @@ class RunStore(EventStore):
         last_turn: TurnOutcome | None = None,
         as_executor: bool = False,
         cancel: CancelRequest | None = None,
-        if_cancel_mode: str | None = None,
+        if_cancel_mode: CancelMode | None = None,
     ) -> bool:
         """Move the run to a terminal ``status`` and append its terminal event, in one transaction.
         ``last_turn``, a model turn that ended with the run (one stopped by a cancel), is stored
