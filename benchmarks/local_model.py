@@ -213,7 +213,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads (1: best on a shared machine)")
     args = parser.parse_args()
 
-    model = LlamaCppModel(smollm2_path(), n_threads=args.threads, max_tokens=args.tokens + 8)
+    model = LlamaCppModel(smollm2_path(), n_threads=args.threads, max_tokens=args.tokens + 8, repetition_stop=None)  # the direct mode has no such stop
     started = time.perf_counter()
     model._load()
     load_s = time.perf_counter() - started

@@ -64,6 +64,9 @@ class Turn:
     drop_after: int | None = None
     #: Send nothing more after this many frames (until the client goes away).
     stall_after: int | None = None
+    #: The ``message_delta``'s ``stop_reason`` (default: ``tool_use`` with calls, else
+    #: ``end_turn``); ``"max_tokens"`` plays a message cut off by the token limit.
+    stop_reason: str | None = None
 
 
 def long_turn(chunks: int = 10_000, delay_s: float = 0.005) -> Turn:
@@ -153,7 +156,7 @@ def _frames(turn: Turn, *, model: str) -> list[str]:
     for n, call in enumerate(turn.tool_calls):
         start = {"type": "tool_use", "id": call.id or f"toolu_fake{n}", "name": call.name, "input": {}}
         block(start, [{"type": "input_json_delta", "partial_json": piece} for piece in _split(call.arguments, call.fragments)])
-    stop_reason = "tool_use" if turn.tool_calls else "end_turn"
+    stop_reason = turn.stop_reason or ("tool_use" if turn.tool_calls else "end_turn")
     frames.append(_sse("ping", {"type": "ping"}))
     frames.append(
         _sse(

@@ -73,6 +73,9 @@ class Turn:
     stall_after: int | None = None
     #: The trailing usage chunk (sent when the client asks with ``stream_options``).
     usage: tuple[int, int] = (11, 7)
+    #: The last chunk's ``finish_reason`` (default: ``tool_calls`` with calls, else ``stop``);
+    #: ``"length"`` plays a turn cut off by the token limit.
+    finish_reason: str | None = None
 
 
 def long_turn(chunks: int = 10_000, delay_s: float = 0.005) -> Turn:
@@ -292,7 +295,7 @@ def _chunks(turn: Turn, *, model: str, usage: bool = False) -> list[str]:
         for index, fragments in enumerate(pieces):
             if round_ < len(fragments):
                 frames.append(frame({"tool_calls": [{"index": index, "function": {"arguments": fragments[round_]}}]}))
-    frames.append(frame({}, finish_reason="tool_calls" if turn.tool_calls else "stop"))
+    frames.append(frame({}, finish_reason=turn.finish_reason or ("tool_calls" if turn.tool_calls else "stop")))
     if usage:
         prompt, completion = turn.usage
         usage_chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created, "model": model, "choices": []}

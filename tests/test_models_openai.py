@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from tether.errors import ModelError
-from tether.models import ChatMessage, Model, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolSpec
+from tether.models import ChatMessage, Model, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
 from tether.models.openai import OpenAIModel
 
 from .openai_provider import FakeProvider, FakeToolCall, Turn, long_turn
@@ -76,6 +76,9 @@ async def test_streamed_tool_call_fragments_are_assembled_into_one_call(provider
 
     assert deltas == [
         TextDelta("Let me check."),
+        # Each call is announced at its first fragment, before its arguments stream.
+        ToolCallStart("refund"),
+        ToolCallStart("get_order"),
         ToolCallRequest(id="call_refund", name="refund", args={"order_id": "A100", "amount": 25, "reason": "damaged on arrival"}),
         ToolCallRequest(id="call_lookup", name="get_order", args={"order_id": "B200"}),
     ]
@@ -94,6 +97,8 @@ async def test_tool_call_arguments_that_are_not_a_json_object_stay_raw_text(prov
     deltas = await collect(model)
 
     assert deltas == [
+        ToolCallStart("note"),
+        ToolCallStart("note"),
         ToolCallRequest(id="call_1", name="note", args='{"text": "unterminated'),
         ToolCallRequest(id="call_2", name="note", args="[1, 2]"),
     ]
@@ -102,9 +107,9 @@ async def test_tool_call_arguments_that_are_not_a_json_object_stay_raw_text(prov
 async def test_a_tool_call_without_an_id_gets_one(provider: FakeProvider, model: OpenAIModel) -> None:
     provider.add(Turn(tool_calls=[FakeToolCall(id=None, name="get_order", arguments='{"order_id": "A1"}')]))
 
-    [call] = await collect(model)
+    start, call = await collect(model)
 
-    assert isinstance(call, ToolCallRequest)
+    assert start == ToolCallStart("get_order") and isinstance(call, ToolCallRequest)
     assert call.id.startswith("call_") and len(call.id) > len("call_")
     assert (call.name, call.args) == ("get_order", {"order_id": "A1"})
 
@@ -328,3 +333,26 @@ async def test_tool_choice_is_sent_with_the_tools(provider: FakeProvider, model:
     await collect(model, ModelRequest(HELLO.messages, tools))
 
     assert provider.requests[0]["tool_choice"] == "auto"
+
+
+async def test_a_tool_call_cut_off_by_the_token_limit_is_not_yielded_but_an_invalid_output(provider: FakeProvider) -> None:
+    provider.add(Turn(text=["Let me "], tool_calls=[FakeToolCall(id="call_1", name="get_order", arguments='{"order_id": "A1')], finish_reason="length"))
+
+    async with OpenAIModel("fake-model", base_url=provider.base_url, timeout=10, max_tokens=16) as capped:
+        deltas: list[ModelDelta] = []
+        with pytest.raises(ModelError) as caught:
+            async with aclosing(capped.stream(HELLO)) as stream:
+                async for delta in stream:
+                    deltas.append(delta)
+
+    assert caught.value.code == "model_output_invalid" and not caught.value.retryable
+    assert "cut off by the output limit (16 tokens) in the middle of a tool call" in caught.value.message
+    assert deltas == [TextDelta("Let me "), ToolCallStart("get_order")]  # no ToolCallRequest
+    assert provider.requests[0]["max_tokens"] == 16
+
+
+async def test_text_cut_off_by_the_token_limit_is_still_text(provider: FakeProvider, model: OpenAIModel) -> None:
+    provider.add(Turn(text=["Once upon ", "a time"], finish_reason="length"))
+
+    assert await collect(model) == [TextDelta("Once upon "), TextDelta("a time")]
+    assert "max_tokens" not in provider.requests[0]  # no cap unless the author sets one

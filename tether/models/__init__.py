@@ -1,8 +1,15 @@
 """The model interface: a small async stream of deltas, cancelled by cancelling its consumer.
 
 A model gets a :class:`ModelRequest` (the history the agent should see and the tools it may
-call) and yields :class:`TextDelta`, :class:`ThinkingDelta` and, once a call is fully assembled,
-:class:`ToolCallRequest`. The runtime consumes the stream inside ``contextlib.aclosing`` and a
+call) and yields :class:`TextDelta`, :class:`ThinkingDelta`, :class:`ToolCallStart` as soon as it
+begins a tool call (the runtime shows it as a ``status``, so nobody watches silence while the
+arguments are generated) and, once a call is fully assembled, :class:`ToolCallRequest`.
+
+**Output that is no answer.** A model whose output is cut short by its token limit in the middle
+of a tool call, or that is otherwise neither an answer nor a call, raises
+:func:`~tether.models._output.output_invalid`'s ``ModelError`` (``model_output_invalid``) instead of
+passing the fragment on: :mod:`tether.models._output` asks it once more, then the run fails with
+that error. Nothing of such an output is ever shown as text or executed. The runtime consumes the stream inside ``contextlib.aclosing`` and a
 cancel scope: cancelling the run cancels the ``await`` inside the generator, and the generator's
 ``finally`` closes the upstream request so the provider stops generating.
 
@@ -27,6 +34,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "load_model",
+    "output_invalid",
     "ChatMessage",
     "ToolCallRequest",
     "ToolSpec",
@@ -34,6 +42,7 @@ __all__ = [
     "Usage",
     "TextDelta",
     "ThinkingDelta",
+    "ToolCallStart",
     "ModelDelta",
     "Model",
     "RetryPolicy",
@@ -115,7 +124,19 @@ class ThinkingDelta:
     text: str
 
 
-ModelDelta = TextDelta | ThinkingDelta | ToolCallRequest
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """The model began a tool call (``name`` once known); its arguments are being generated."""
+
+    name: str | None = None
+
+    @property
+    def detail(self) -> str:
+        """The ``status`` event's ``detail`` for it: ``"calling a tool: get_order"``."""
+        return f"calling a tool: {self.name}" if self.name else "calling a tool"
+
+
+ModelDelta = TextDelta | ThinkingDelta | ToolCallStart | ToolCallRequest
 
 
 @runtime_checkable
@@ -128,5 +149,6 @@ class Model(Protocol):
 
 
 # They need the types above.
+from ._output import output_invalid  # noqa: E402
 from ._registry import load_model  # noqa: E402
 from ._retry import RetryPolicy  # noqa: E402

@@ -35,9 +35,13 @@ import anyio
 
 from .._idle import IdleTimer
 from ..errors import ModelError
-from . import Model, ModelDelta, ModelRequest, Usage
+from . import Model, ModelDelta, ModelRequest, ToolCallStart, Usage
 
-__all__ = ["RetryPolicy", "retry_after_seconds", "stream_with_retries"]
+__all__ = ["OUTPUT_INVALID", "RetryPolicy", "retry_after_seconds", "stream_with_retries"]
+
+#: The code of a model output that is neither an answer nor a call: not a provider fault, so
+#: passed on untouched, for :mod:`._output` to handle.
+OUTPUT_INVALID = "model_output_invalid"
 
 #: Called before each retry with (the attempt that failed, the delay before the next, its error).
 OnRetry = Callable[[int, float, ModelError], None]
@@ -99,9 +103,12 @@ async def stream_with_retries(model: Model, request: ModelRequest, policy: Retry
                         raise
                     finally:
                         silence.waiting_over()
-                    streamed = True
+                    # A tool call's start is a status, not output: nothing is shown twice after a retry.
+                    streamed = streamed or not isinstance(delta, ToolCallStart)
                     yield delta
         except ModelError as exc:
+            if exc.code == OUTPUT_INVALID:
+                raise
             if streamed:
                 raise ModelError(
                     f"model provider failed after streaming had begun ({exc.code}: {exc.message}); the partial answer is kept, "

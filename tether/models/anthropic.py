@@ -16,8 +16,12 @@ right after the calls.
 
 **The stream.** ``text_delta`` → :class:`~tether.models.TextDelta`; ``thinking_delta`` →
 :class:`~tether.models.ThinkingDelta` (extended thinking, on when ``thinking_budget`` is set); a
-``tool_use`` block's ``input_json_delta`` fragments are joined and, at the block's
-``content_block_stop``, yielded as one :class:`~tether.models.ToolCallRequest`. Usage comes from
+``tool_use`` block is announced (:class:`~tether.models.ToolCallStart`) at its
+``content_block_start``, its ``input_json_delta`` fragments are joined, and the calls are
+yielded as :class:`~tether.models.ToolCallRequest` when the message ends: a message that stops
+with ``stop_reason: "max_tokens"`` inside a ``tool_use`` block was cut off in the middle of a
+call, so its calls are not yielded (they would run on arguments the model did not finish) and
+the call raises ``model_output_invalid`` (:mod:`tether.models._output`). Usage comes from
 ``message_start`` (input tokens) and ``message_delta`` (output tokens, sent at the end); until
 that arrives, and when a cancel cuts the stream before it, each content delta received counts as
 one output token (Anthropic streams a token or a few per delta: an estimate from below).
@@ -49,7 +53,8 @@ import anyio
 import httpx2
 
 from ..errors import ModelError
-from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolSpec
+from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
+from ._output import output_invalid
 from ._registry import env_setting
 from ._retry import retry_after_seconds
 
@@ -126,9 +131,11 @@ class AnthropicModel:
             raise _model_error(exc) from exc
 
         blocks: dict[int, dict[str, Any]] = {}  # content blocks by index, as they are built
-        calls: list[str] = []
+        calls: list[ToolCallRequest] = []
         signed: list[dict[str, Any]] = []
         reported = False
+        stop_reason: str | None = None
+        last_block: str | None = None  # the type of the last content block started
         try:
             try:
                 async for event in upstream:
@@ -138,15 +145,18 @@ class AnthropicModel:
                         request.usage.input_tokens = _input_tokens(usage)
                         request.usage.output_tokens = 0  # the 1 it reports is counted with the first delta
                     elif kind == "message_delta":
+                        stop_reason = event.delta.stop_reason or stop_reason
                         if event.usage.input_tokens is not None:
                             request.usage.input_tokens = _input_tokens(event.usage)
                         request.usage.output_tokens = event.usage.output_tokens
                         reported = True
                     elif kind == "content_block_start":
                         block = event.content_block.to_dict()
+                        last_block = block["type"]
+                        blocks[event.index] = block
                         if block["type"] == "tool_use":
                             block["partial_json"] = []
-                        blocks[event.index] = block
+                            yield ToolCallStart(str(block.get("name") or "") or None)
                     elif kind == "content_block_delta":
                         if not reported:  # until message_delta, one delta counts as one token
                             request.usage.output_tokens += 1
@@ -166,9 +176,7 @@ class AnthropicModel:
                     elif kind == "content_block_stop":
                         block = blocks.get(event.index, {})
                         if block.get("type") == "tool_use":
-                            call = _finish_call(block)
-                            calls.append(call.id)
-                            yield call
+                            calls.append(_finish_call(block))
                         elif block.get("type") in ("thinking", "redacted_thinking"):
                             signed.append({k: v for k, v in block.items() if k in ("type", "thinking", "signature", "data")})
             except anthropic.AnthropicError as exc:
@@ -177,14 +185,19 @@ class AnthropicModel:
                 raise ModelError(f"model provider connection broke: {exc!r}", retryable=True, code="model_unavailable") from exc
             except (json.JSONDecodeError, ValueError) as exc:
                 raise ModelError(f"model provider sent a malformed stream: {exc}", retryable=True) from exc
+            if calls and stop_reason == "max_tokens" and last_block == "tool_use":
+                calls = []  # none of them is run: the model did not finish what it asked for
+                raise output_invalid(f"cut off by the output limit ({self.max_tokens} tokens) in the middle of a tool call")
+            for call in calls:
+                yield call
         finally:
             # Runs on normal end, on error, on cancellation and on aclose(): closing the response
             # closes the connection, which is how the provider learns to stop generating.
             with anyio.CancelScope(shield=True):
                 await upstream.close()
             if signed:
-                for call_id in calls:
-                    self._remember_thinking(call_id, signed)
+                for call in calls:
+                    self._remember_thinking(call.id, signed)
 
     # -- history -------------------------------------------------------------------------
 

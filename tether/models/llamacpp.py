@@ -22,8 +22,18 @@ llama.cpp grammar built from one JSON schema: *either* ``{"answer": "<text>"}`` 
 then one of these, and a call's arguments have the shape the tool asked for (llama.cpp's
 grammar ignores numeric bounds such as ``minimum``; Tether still validates the arguments and
 tells the model when they fail). The answer's text is streamed as it is generated, decoded from
-the JSON string on the fly; a call becomes one :class:`~tether.models.ToolCallRequest` at the end.
-Without tools, the model writes free text.
+the JSON string on the fly; a call is announced (:class:`~tether.models.ToolCallStart`) as soon
+as its tool's name is generated, and becomes one :class:`~tether.models.ToolCallRequest` at the
+end. Without tools, the model writes free text. The JSON envelope itself is never text.
+
+**Degenerate output is stopped early.** Small models drift into repeating themselves, and a
+string argument can then grow until ``max_tokens`` cuts it (seconds of silence, then a call that
+cannot be parsed). So: every string of a tool's arguments is bounded in the grammar (its own
+``maxLength``, else ``max_string_length``); sampling applies a mild ``repeat_penalty``; and the
+generation stops as soon as its last ``repetition_stop`` tokens repeat one short pattern. An
+output that then is no answer and no complete call (cut by ``max_tokens``, stopped for
+repeating, malformed) raises ``model_output_invalid`` (:mod:`tether.models._output`: asked once
+more, then the run fails); an answer cut short keeps the text it streamed, as free text does.
 
 **History.** Messages go through the model's own chat template (from the GGUF file; ChatML when
 it has none). Small instruction models know no tool role, so an assistant turn that called
@@ -40,10 +50,8 @@ import asyncio
 import codecs
 import json
 import os
-import re
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -53,7 +61,8 @@ from typing import Any
 import anyio
 
 from ..errors import ModelConfigError, ModelError
-from . import ModelDelta, ModelRequest, TextDelta, ToolCallRequest, ToolSpec
+from . import ModelDelta, ModelRequest, TextDelta, ToolCallStart, ToolSpec
+from ._constrained import ConstrainedOutput, repeating, tool_choice_schema
 
 __all__ = ["LlamaCppModel", "Generation", "tool_choice_schema"]
 
@@ -77,6 +86,12 @@ class Generation:
     stopped: bool = False
     #: Tokens generated after the stop was asked for (the one being computed, at most).
     tokens_after_stop: int = 0
+    #: Why it ended: ``"stop"`` (the model ended it), ``"length"`` (``max_tokens`` or the context
+    #: window), ``"repeating"`` (the repetition stop), ``"stopped"`` (the consumer stopped it).
+    finish_reason: str = "stop"
+    #: With tools: the output tokens it took until a tool call was announced (its name
+    #: complete), or None when it announced none.
+    call_announced_after: int | None = None
     #: Seconds from the start of the call to the first token, and to the last.
     first_token_s: float | None = None
     total_s: float = 0.0
@@ -89,21 +104,6 @@ class Generation:
             self._tokens_at_stop = self.generated_tokens
             self.stopped = True
             self._stop.set()
-
-
-def tool_choice_schema(tools: list[ToolSpec]) -> dict[str, Any]:
-    """The JSON schema of "answer, or call one of these tools with arguments of its schema"."""
-    answer = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}
-    calls = [
-        {
-            "type": "object",
-            "properties": {"tool": {"const": tool.name}, "arguments": tool.parameters},
-            "required": ["tool", "arguments"],
-            "additionalProperties": False,
-        }
-        for tool in tools
-    ]
-    return {"oneOf": [*calls, answer]}
 
 
 class LlamaCppModel:
@@ -119,6 +119,9 @@ class LlamaCppModel:
         temperature: float = 0.0,
         seed: int = 0,
         constrained_tools: bool = True,
+        max_string_length: int | None = 256,
+        repeat_penalty: float = 1.0,
+        repetition_stop: int | None = 32,
     ) -> None:
         try:
             import llama_cpp  # noqa: F401  # fail here, with advice, rather than at the first call
@@ -132,13 +135,20 @@ class LlamaCppModel:
         #: machine shared with other busy processes, 1 is often fastest: llama.cpp's worker
         #: threads wait for each other, and a descheduled one stalls them all.
         self.n_threads = n_threads
-        #: The most tokens one call generates.
+        #: The most tokens one call generates (its output cap).
         self.max_tokens = max_tokens
         #: 0 is greedy decoding (the same answer every time).
         self.temperature = temperature
         self.seed = seed
         #: Constrain the output to "answer or call a tool" when tools are offered (see module docs).
         self.constrained_tools = constrained_tools
+        #: The longest string argument the grammar allows where a tool's schema gives no
+        #: ``maxLength`` (None: unbounded).
+        self.max_string_length = max_string_length
+        #: llama.cpp's penalty on tokens of the last 64 (1.0: none).
+        self.repeat_penalty = repeat_penalty
+        #: Stop when this many last tokens repeat one pattern of up to 16 tokens (None: never).
+        self.repetition_stop = repetition_stop
         #: The last calls' :class:`Generation` records, newest last.
         self.generations: deque[Generation] = deque(maxlen=100)
         self._llama: Any = None
@@ -173,8 +183,9 @@ class LlamaCppModel:
                 loop.call_soon_threadsafe(finished.set)
 
         constrained = bool(request.tools) and self.constrained_tools
-        output = _ConstrainedOutput() if constrained else None
+        output = ConstrainedOutput() if constrained else None
         ended = False
+        fed = 0  # pieces of output read, one per token
         thread = threading.Thread(target=run, name="tether-llamacpp", daemon=True)
         thread.start()
         try:
@@ -192,11 +203,13 @@ class LlamaCppModel:
                     if text:
                         yield TextDelta(text)
                 else:
-                    answer = output.feed(text)
-                    if answer:
-                        yield TextDelta(answer)
+                    fed += 1
+                    for delta in output.feed(text):
+                        if isinstance(delta, ToolCallStart):
+                            generation.call_announced_after = fed
+                        yield delta
             if output is not None:
-                for delta in output.finish():
+                for delta in output.finish(generation.finish_reason, self.max_tokens):
                     yield delta
         finally:
             if not ended:  # cancelled, closed early, or failed: stop before the next token
@@ -253,15 +266,28 @@ class LlamaCppModel:
                 raise ModelError(f"the prompt has {len(tokens)} tokens; the context window holds {self.n_ctx}", code="model_context_exceeded")
             grammar = None
             if request.tools and self.constrained_tools:
-                grammar = LlamaGrammar.from_json_schema(json.dumps(tool_choice_schema(request.tools)), verbose=False)
+                schema = tool_choice_schema(request.tools, max_string_length=self.max_string_length)
+                grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
             # llama-cpp-python's own generation loop asks this of the vocabulary (end of turn, EOS).
             is_eog = getattr(llama_cpp, "llama_vocab_is_eog", None) or llama_cpp.llama_token_is_eog
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             budget = min(self.max_tokens, self.n_ctx - len(tokens))
             produced: list[int] = []
-            tokens_iter = llama.generate(tokens, temp=self.temperature, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, reset=True, grammar=grammar)
+            tokens_iter = llama.generate(
+                tokens, temp=self.temperature, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=self.repeat_penalty, reset=True, grammar=grammar
+            )
+            span = self.repetition_stop
             try:
-                while not generation._stop.is_set() and len(produced) < budget:
+                while True:
+                    if generation._stop.is_set():
+                        generation.finish_reason = "stopped"
+                        break
+                    if len(produced) >= budget:
+                        generation.finish_reason = "length"
+                        break
+                    if span is not None and repeating(produced, span):
+                        generation.finish_reason = "repeating"
+                        break
                     token = next(tokens_iter, None)
                     if token is None or is_eog(llama._model.vocab, token):
                         break
@@ -283,21 +309,22 @@ class LlamaCppModel:
 def _chat_messages(request: ModelRequest) -> list[dict[str, str]]:
     """The history as plain chat messages a small model's template understands."""
     messages: list[dict[str, str]] = []
-    system = "\n\n".join(m.content for m in request.messages if m.role == "system" and m.content)
+    # The leading system messages become one, with the tools; a later one (the note of a retry,
+    # :mod:`._output`) stays where it is, so the prompt before it is the one llama.cpp has
+    # evaluated already.
+    leading = 0
+    while leading < len(request.messages) and request.messages[leading].role == "system":
+        leading += 1
+    system = "\n\n".join(m.content for m in request.messages[:leading] if m.content)
     if request.tools:
-        # Names and argument names only: the grammar holds the model to the full schemas, and
-        # every prompt token costs time on a CPU.
-        lines = [f"- {_signature(t)}: {t.description}" for t in request.tools]
-        system = (system + "\n\n" if system else "") + (
-            "You can call these tools:\n" + "\n".join(lines) + '\nTo call a tool, reply {"tool": "<name>", "arguments": {…}}. '
-            'To answer the user, reply {"answer": "<your answer>"}. Use a tool when it can give you facts you need.'
-        )
+        system = (system + "\n\n" if system else "") + _tool_instructions(request.tools)
     if system:
         messages.append({"role": "system", "content": system})
-    for message in request.messages:
+    for message in request.messages[leading:]:
         if message.role == "system":
-            continue
-        if message.role == "tool":
+            if message.content:
+                messages.append({"role": "system", "content": message.content})
+        elif message.role == "tool":
             messages.append({"role": "user", "content": f"Result of the tool {message.name or 'call'}: {message.content}"})
         elif message.role == "assistant":
             if message.tool_calls:
@@ -312,80 +339,22 @@ def _chat_messages(request: ModelRequest) -> list[dict[str, str]]:
     return messages
 
 
+def _tool_instructions(tools: list[ToolSpec]) -> str:
+    """The system prompt's part about tools and the reply's JSON form.
+
+    Names and argument names only: the grammar holds the model to the full schemas, and every
+    prompt token costs time on a CPU.
+    """
+    # Worded as benchmarks/local_models.py measured best for SmolLM2-135M (docs/models.md).
+    lines = [f"- {_signature(t)}: {t.description}" for t in tools]
+    return (
+        "Tools:\n" + "\n".join(lines) + '\nIf the user asks you to do one of these things, call that tool: reply {"tool": "<name>", "arguments": {…}}. '
+        'Otherwise answer in words: reply {"answer": "<your answer>"}. Never call a tool the user did not ask for.'
+    )
+
+
 def _signature(tool: ToolSpec) -> str:
     """``get_order(order_id: string)``: a tool as a short line of the prompt."""
     properties = tool.parameters.get("properties") or {}
     args = ", ".join(f"{name}: {spec.get('type', 'any') if isinstance(spec, dict) else 'any'}" for name, spec in properties.items())
     return f"{tool.name}({args})"
-
-
-class _ConstrainedOutput:
-    """Reads ``{"answer": "…"}`` or ``{"tool": …, "arguments": …}`` as it is generated.
-
-    The answer's string is decoded and handed on as it grows, so the answer streams; a call is
-    parsed whole at the end.
-    """
-
-    _ANSWER = re.compile(r'\s*\{\s*"answer"\s*:\s*"')
-    _TOOL = re.compile(r'\s*\{\s*"tool"')
-
-    def __init__(self) -> None:
-        self.raw = ""
-        self.kind: str | None = None  # "answer" or "tool", once known
-        self._cursor = 0  # in "answer": where the undecoded part of the string starts
-        self._closed = False  # the answer's closing quote was seen
-
-    def feed(self, text: str) -> str:
-        """Take more output; return the answer text it completes (may be empty)."""
-        self.raw += text
-        if self.kind is None:
-            if match := self._ANSWER.match(self.raw):
-                self.kind, self._cursor = "answer", match.end()
-            elif self._TOOL.match(self.raw):
-                self.kind = "tool"
-        if self.kind != "answer" or self._closed:
-            return ""
-        return self._decode_string()
-
-    def finish(self) -> list[ModelDelta]:
-        """What the whole output adds at the end: the tool call, or text nobody could parse."""
-        if self.kind == "answer":
-            return []
-        try:
-            value = json.loads(self.raw)
-        except ValueError:
-            value = None
-        if isinstance(value, dict) and isinstance(value.get("tool"), str) and isinstance(value.get("arguments"), dict):
-            return [ToolCallRequest(id="call_" + uuid.uuid4().hex[:16], name=value["tool"], args=value["arguments"])]
-        return [TextDelta(self.raw)] if self.raw.strip() else []  # cut short (max_tokens): shown as is
-
-    def _decode_string(self) -> str:
-        out: list[str] = []
-        raw, i = self.raw, self._cursor
-        while i < len(raw):
-            char = raw[i]
-            if char == '"':
-                self._closed = True
-                i += 1
-                break
-            if char != "\\":
-                out.append(char)
-                i += 1
-                continue
-            if i + 1 >= len(raw):
-                break  # the escape is not complete yet
-            if raw[i + 1] == "u":
-                if i + 6 > len(raw):
-                    break
-                escape = raw[i : i + 6]
-                # A surrogate pair is two escapes: wait for both.
-                if 0xD800 <= int(escape[2:], 16) <= 0xDBFF:
-                    if i + 12 > len(raw):
-                        break
-                    escape = raw[i : i + 12]
-            else:
-                escape = raw[i : i + 2]
-            out.append(json.loads(f'"{escape}"'))
-            i += len(escape)
-        self._cursor = i
-        return "".join(out)

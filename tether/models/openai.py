@@ -25,8 +25,13 @@ that a later attempt may not hit (connection problems, timeouts, rate limits, 5x
 built with ``max_retries=0`` by default: whether and when to retry is the caller's decision.
 
 **Tool calls** arrive in fragments keyed by ``index``: the first fragment of a call carries its
-``id`` and name, later ones append to its JSON arguments. They are assembled while streaming and
-yielded, one :class:`~tether.models.ToolCallRequest` per call, when the stream ends.
+``id`` and name, later ones append to its JSON arguments. A call is announced
+(:class:`~tether.models.ToolCallStart`) at its first fragment with a name; the calls are
+assembled while streaming and yielded, one :class:`~tether.models.ToolCallRequest` per call,
+when the stream ends. A stream that ends with ``finish_reason: "length"`` while calls were being
+assembled was cut off by the token limit in the middle of a call: its calls are not yielded
+(they would run on arguments the model did not finish) and the call raises
+``model_output_invalid`` (:mod:`tether.models._output`).
 
 **Usage** comes from the provider's trailing usage chunk (asked for with
 ``stream_options.include_usage``; ``stream_usage=False`` for servers that refuse it). Until it
@@ -54,7 +59,8 @@ import httpx2
 import openai
 
 from ..errors import ModelError
-from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolSpec
+from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
+from ._output import output_invalid
 from ._registry import env_setting
 from ._retry import retry_after_seconds
 
@@ -82,6 +88,7 @@ class OpenAIModel:
         max_retries: int = 0,
         stream_usage: bool = True,
         tool_choice: str | dict[str, Any] | None = "auto",
+        max_tokens: int | None = None,
     ) -> None:
         #: The model name sent with every request.
         self.model = model or env_setting("TETHER_OPENAI_MODEL") or DEFAULT_MODEL
@@ -95,6 +102,8 @@ class OpenAIModel:
         #: (llama.cpp's Python server) ignore the tools unless it is said; ``None`` sends nothing;
         #: ``{"type": "function", "function": {"name": …}}`` makes the model call that tool.
         self.tool_choice = tool_choice
+        #: The most tokens one call may generate (sent as ``max_tokens``); ``None`` leaves it to the provider.
+        self.max_tokens = max_tokens
         self._client = openai.AsyncOpenAI(
             api_key=api_key or env_setting("TETHER_OPENAI_API_KEY", "OPENAI_API_KEY") or PLACEHOLDER_API_KEY,
             base_url=self.base_url,
@@ -133,6 +142,8 @@ class OpenAIModel:
                 params["tool_choice"] = self.tool_choice
         if self.temperature is not None:
             params["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            params["max_tokens"] = self.max_tokens
         if self.stream_usage:
             params["stream_options"] = {"include_usage": True}
 
@@ -143,6 +154,7 @@ class OpenAIModel:
 
         calls: dict[int, _PartialCall] = {}
         reported = False
+        finish_reason: str | None = None
         try:
             try:
                 async for chunk in upstream:
@@ -152,6 +164,7 @@ class OpenAIModel:
                         reported = True
                     if not chunk.choices:  # e.g. the trailing usage-only chunk
                         continue
+                    finish_reason = chunk.choices[0].finish_reason or finish_reason
                     delta = chunk.choices[0].delta
                     if delta is None:
                         continue
@@ -166,13 +179,20 @@ class OpenAIModel:
                         yield TextDelta(delta.content)
                     for position, fragment in enumerate(delta.tool_calls or ()):
                         index = fragment.index if isinstance(fragment.index, int) else position
-                        calls.setdefault(index, _PartialCall()).add(fragment)
+                        call = calls.setdefault(index, _PartialCall())
+                        named = bool(call.name)
+                        call.add(fragment)
+                        if call.name and not named:
+                            yield ToolCallStart(call.name)
             except openai.OpenAIError as exc:
                 raise _model_error(exc) from exc
             except httpx2.TransportError as exc:  # the connection broke mid-body
                 raise ModelError(f"model provider connection broke: {exc!r}", retryable=True, code="model_unavailable") from exc
             except json.JSONDecodeError as exc:
                 raise ModelError(f"model provider sent a malformed stream: {exc}", retryable=True) from exc
+            if calls and finish_reason == "length":
+                limit = f" ({self.max_tokens} tokens)" if self.max_tokens is not None else ""
+                raise output_invalid(f"cut off by the output limit{limit} in the middle of a tool call")
             for index in sorted(calls):
                 yield calls[index].finish()
         finally:

@@ -3,8 +3,11 @@
 The model half of :class:`~tether.runtime._runner.RunExecutor` (mixed into it). Model output is
 made storable here (:mod:`._storable`), before anything sees it; provider faults are retried
 before the first delta only (:mod:`tether.models._retry`); the tokens each call consumed are
-recorded on the run, a cancelled or failed call's too. The turn's message is stored as
-``complete`` only once the events announcing it are durable (the event log is the truth).
+recorded on the run, a cancelled or failed call's too. An output that is neither an answer nor a
+call is asked for once more, then fails the run with ``model_output_invalid``
+(:mod:`tether.models._output`); a tool call being generated is announced with a ``status``. The
+turn's message is stored as ``complete`` only once the events announcing it are durable (the
+event log is the truth).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from .._ids import new_id
 from ..agent import Agent
 from ..errors import ModelError
 from ..events import RunError, Status
-from ..models import ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, Usage
-from ..models._retry import stream_with_retries
+from ..models import ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, Usage
+from ..models._output import ATTEMPTS, stream_checked
 from ..store import MessageRecord, RunRecord, Store, TurnOutcome
 from ._cancel import RunCancel
 from ._config import RunConfig
@@ -76,7 +79,8 @@ class ModelCalls:
         emit_delta = self.events.emit_delta  # once, not at every delta
         with self.cancel.model_scope() as scope:
             try:
-                async with aclosing(stream_with_retries(self.agent.model, request, self.agent.retry, on_retry=self._announce_retry)) as stream:
+                checked = stream_checked(self.agent.model, request, self.agent.retry, on_retry=self._announce_retry, on_invalid=self._announce_invalid)
+                async with aclosing(checked) as stream:
                     async for delta in stream:
                         # Model output is made storable here, before anything sees it.
                         if isinstance(delta, TextDelta):
@@ -89,6 +93,8 @@ class ModelCalls:
                                 emit_delta("thinking", message.id, storable_text(delta.text))
                         elif isinstance(delta, ToolCallRequest):
                             requests.append(storable_request(delta))
+                        elif isinstance(delta, ToolCallStart):
+                            self.events.emit(Status(stage="model", detail=storable_text(delta.detail)))
             except ModelError as exc:
                 partial = message.id if parts else None
                 failure = RunError(code=exc.code, message=storable_text(exc.message), retryable=exc.retryable, partial_message_id=partial)
@@ -128,6 +134,11 @@ class ModelCalls:
         detail = f"retrying in {delay:.1f} s after {error.code} (attempt {attempt + 1} of {self.agent.retry.attempts})"
         logger.info("run %s: model call failed (%s), %s", self.run.id, error.message, detail)
         self.events.emit(Status(stage="model", detail=detail))
+
+    def _announce_invalid(self, error: ModelError) -> None:
+        detail = f"asking the model again (attempt 2 of {ATTEMPTS}): its reply was {error.message}"
+        logger.info("run %s: %s", self.run.id, detail)
+        self.events.emit(Status(stage="model", detail=storable_text(detail)))
 
     def _count_usage(self, usage: Usage) -> None:
         """Count one model call's tokens (also a cancelled or failed call's) for ``done`` and
