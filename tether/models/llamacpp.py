@@ -21,16 +21,18 @@ llama.cpp grammar built from one JSON schema: *either* ``{"answer": "<text>"}`` 
 ``{"tool": "<one of the tools>", "arguments": <that tool's parameter schema>}``. Every output is
 then one of these, and a call's arguments have the shape the tool asked for (llama.cpp's
 grammar ignores numeric bounds such as ``minimum``; Tether still validates the arguments and
-tells the model when they fail). The answer's text is streamed as it is generated, decoded from
-the JSON string on the fly; a call is announced (:class:`~tether.models.ToolCallStart`) as soon
+tells the model when they fail). The schema and the decoder of its output live in
+:mod:`._constrained`. The answer's text is streamed as it is generated, decoded from the JSON
+string on the fly; a call is announced (:class:`~tether.models.ToolCallStart`) as soon
 as its tool's name is generated, and becomes one :class:`~tether.models.ToolCallRequest` at the
 end. Without tools, the model writes free text. The JSON envelope itself is never text.
 
 **Degenerate output is stopped early.** Small models drift into repeating themselves, and a
 string argument can then grow until ``max_tokens`` cuts it (seconds of silence, then a call that
 cannot be parsed). So: every string of a tool's arguments is bounded in the grammar (its own
-``maxLength``, else ``max_string_length``); sampling applies a mild ``repeat_penalty``; and the
-generation stops as soon as its last ``repetition_stop`` tokens repeat one short pattern. An
+``maxLength``, else ``max_string_length``); the generation stops as soon as its last
+``repetition_stop`` tokens repeat one short pattern; ``repeat_penalty`` is there too, off by
+default (at 1.1 SmolLM2 stopped copying ids and numbers from the user's message). An
 output that then is no answer and no complete call (cut by ``max_tokens``, stopped for
 repeating, malformed) raises ``model_output_invalid`` (:mod:`tether.models._output`: asked once
 more, then the run fails); an answer cut short keeps the text it streamed, as free text does.
