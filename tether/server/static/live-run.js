@@ -234,6 +234,9 @@ export class LiveRun {
     }
     if (state === 'recovering') return { text: 'Connection lost — reconnecting…', busy: true };
     if (this.status && this.status.stage === 'tool') return { text: `Running ${this.status.detail || 'a tool'}…`, busy: true };
+    // The model is generating a tool call: `detail` is "calling a tool: <name>" (or without the name).
+    const calling = this.status && this.status.stage === 'model' && /^calling a tool(?:: (.+))?$/.exec(this.status.detail || '');
+    if (calling) return { text: `Calling ${calling[1] || 'a tool'}…`, busy: true };
     if (this.status && this.status.stage === 'recovering') return { text: 'Recovering the run…', busy: true };
     return { text: 'Agent is working…', busy: true };
   }
