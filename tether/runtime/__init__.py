@@ -42,8 +42,13 @@ __all__ = ["Runtime", "RunConfig", "HistoryPolicy", "LocalBus", "Subscription", 
 log = logging.getLogger("tether.runtime")
 
 
-class Runtime(Takeover):
-    """Starts, resumes, cancels and recovers runs of one agent on one store."""
+class Runtime:
+    """Starts, resumes, cancels and recovers runs of one agent on one store.
+
+    It owns the executing tasks; two parts own the rest: :attr:`takeover` (claims on runs:
+    the lease keeper, the lapse watcher, taking runs over, draining and handing them over) and
+    the cancels (:mod:`._cancel`: every cancel request, whoever executes its run).
+    """
 
     def __init__(
         self,
@@ -68,12 +73,11 @@ class Runtime(Takeover):
         self._executors: dict[str, RunExecutor] = {}
         self._run_tasks: dict[str, asyncio.Task[None]] = {}
         #: Every cancel request, whoever executes its run (:mod:`._cancel`).
-        self._cancels = Cancels(store, self.bus, self._executors, self._executed_elsewhere)
+        self._cancels = Cancels(store, self.bus, self._executors)
+        #: Which process executes which run (:mod:`._takeover`).
+        self.takeover = Takeover(store, self._executors, self._run_tasks, launch=self.launch, cancels=self._cancels)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
-        self._draining = False
-        self._drain_cut = asyncio.Event()
-        self.taken_over = 0
         #: Set by :meth:`open`: then :meth:`aclose` also closes the bus and the store.
         self._owns_store = False
         #: Tokens consumed by the model calls this process made (a counter for ``/metrics``).
@@ -119,17 +123,31 @@ class Runtime(Takeover):
         self.writer.start()
         if self.agent.on_startup is not None:
             await self.agent.on_startup(self.store)
-        await self._recover()
+        await self.takeover.recover()
         self._spawn(self._sweep_forever(), "interrupt-sweeper")
-        self._spawn(self._keep_leases(), "lease-keeper")
+        self._spawn(self.takeover.keep_leases(), "lease-keeper")
         if not self.store.is_sqlite:
-            self._spawn(self._watch_lapses(), "lapse-watcher")
+            self._spawn(self.takeover.watch_lapses(), "lapse-watcher")
 
     def end_streams(self) -> None:
         """End every stream following a run, now and from now on (the process is about to
         stop): each client resumes from its last seq, on another process or after the restart.
         The runs themselves go on until :meth:`aclose`."""
         self.bus.end_streams()
+
+    async def drain(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the runs this process executes to end or park (the process
+        is about to stop; :meth:`aclose` hands the rest over): :meth:`Takeover.drain`."""
+        await self.takeover.drain(seconds)
+
+    def stop_draining(self) -> None:
+        """Stop :meth:`drain` waiting: the runs still executing are handed over now."""
+        self.takeover.stop_draining()
+
+    @property
+    def taken_over(self) -> int:
+        """Runs this process took over since it started (a counter for ``/metrics``)."""
+        return self.takeover.taken_over
 
     async def aclose(self) -> None:
         """Stop every owned task, then give up this process's claim on the runs it was
@@ -145,7 +163,7 @@ class Runtime(Takeover):
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self.writer.aclose()  # after the runs: their logs commit through it
-            await self._release(executing)
+            await self.takeover.release(executing)
         finally:
             if self._owns_store:
                 try:
@@ -158,12 +176,6 @@ class Runtime(Takeover):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
-
-    def _stop_task_of(self, run_id: str) -> None:
-        task = self._run_tasks.get(run_id)
-        if task is not None:
-            log.warning("run %s was taken over by another process; stopping here", run_id)
-            task.cancel()
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -264,9 +276,9 @@ class Runtime(Takeover):
         """A command from another process (through the bus)."""
         if isinstance(message, CancelControl):
             self._cancels.recorded_elsewhere(message.run_id, message.mode)
-        elif not self._closing and not self._draining:
+        elif not self._closing and not self.takeover.draining:
             # A process stopped and gave up its runs: take them over now, not at the next look.
-            self._spawn(self._claim_released(), "claim-released")
+            self._spawn(self.takeover.claim_released(), "claim-released")
 
     async def steer(self, run_id: str, content: str) -> str:
         """Steer a running run: send it a message (``user_message`` now, history before the next

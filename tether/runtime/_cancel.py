@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -63,6 +63,7 @@ from ..events import Cancelled, CancelMode, StoredEvent
 from ..store import CancelControl, CancelRequest, RunRecord, Store, TurnOutcome
 from ._eventlog import EventLog, stored_event
 from ._resumes import ResumesUnderWay
+from ._takeover import executed_elsewhere
 from ._turn import ParkedTurn, turn_messages
 
 if TYPE_CHECKING:
@@ -266,12 +267,11 @@ class RunCancel:
 class Cancels:
     """The runtime's side of cancelling: each request goes the one way that ends its run."""
 
-    def __init__(self, store: Store, bus: LocalBus, executors: Mapping[str, RunExecutor], executed_elsewhere: Callable[[RunRecord], bool]) -> None:
+    def __init__(self, store: Store, bus: LocalBus, executors: Mapping[str, RunExecutor]) -> None:
         self._store = store
         self._bus = bus
         #: The runtime's executors (registered before their task runs: a cancel finds them).
         self._executors = executors
-        self._executed_elsewhere = executed_elsewhere
         #: Runs that a cancel request of this process is finishing without an executor.
         self._finishing: set[str] = set()
         #: Resumes committing now: a cancel meanwhile leaves the run to them.
@@ -305,7 +305,7 @@ class Cancels:
         executor = self._executing(run_id)  # again: it may have parked meanwhile
         if executor is not None:
             executor.cancel.signal(recorded)
-        elif self._executed_elsewhere(record):
+        elif executed_elsewhere(self._store, record):
             # Another live process executes it: tell that one (its lease keeper also re-checks the store).
             await self._store.send_control(CancelControl(run_id, recorded))
         elif run_id in self.resumes:  # a resume here is committing: it deals with the cancel

@@ -1,6 +1,6 @@
 """One model call of a run: stream its deltas as events, then store the turn behind them.
 
-The model half of :class:`~tether.runtime._runner.RunExecutor` (mixed into it). Model output is
+A part of :class:`~tether.runtime._runner.RunExecutor`, over its :class:`~._segment.Segment`. Model output is
 made storable here (:mod:`._storable`), before anything sees it; provider faults are retried
 before the first delta only (:mod:`tether.models._retry`); the tokens each call consumed are
 recorded on the run, a cancelled or failed call's too. An output that is neither an answer nor a
@@ -18,19 +18,16 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from .._ids import new_id
-from ..agent import Agent
 from ..errors import ModelError
 from ..events import RunError, Status
 from ..models import ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, Usage
 from ..models._output import ATTEMPTS, stream_checked
-from ..store import MessageRecord, RunRecord, Store, TurnOutcome
-from ._cancel import RunCancel
-from ._config import RunConfig
+from ..store import MessageRecord, TurnOutcome
 from ._storable import describe_exception, storable_request, storable_text
 from ._turn import ModelTurn, announce_calls, json_safe, masked_args
 
 if TYPE_CHECKING:
-    from ._eventlog import EventLog
+    from ._segment import Segment
 
 __all__ = ["ModelCalls"]
 
@@ -38,48 +35,35 @@ logger = logging.getLogger("tether.runtime")
 
 
 class ModelCalls:
-    """Model turns of :class:`~tether.runtime._runner.RunExecutor` (mixed into it)."""
+    """Model turns of a run's executor: streamed, announced, stored behind their events."""
 
-    store: Store
-    agent: Agent
-    run: RunRecord
-    config: RunConfig
-    cancel: RunCancel
-    usage: Usage
-    _leaf_id: str | None
-    _partial_message_id: str | None
-    _on_usage: Callable[[Usage], None] | None
-    _started_turn: MessageRecord | None
-    _cancelled_turn: TurnOutcome | None
-    _answer_turn: TurnOutcome | None
+    def __init__(self, segment: Segment, on_usage: Callable[[Usage], None] | None = None) -> None:
+        self._segment = segment
+        self._on_usage = on_usage
 
-    if TYPE_CHECKING:
-
-        @property
-        def events(self) -> EventLog: ...
-
-    async def _model_turn(self, request: ModelRequest) -> ModelTurn:
+    async def turn(self, request: ModelRequest) -> ModelTurn:
         """One model call: stream deltas as events, announce the calls, store the assistant message.
 
         The message's final state is stored only once every event announcing it (its tokens and
         its ``tool_call`` events) is durable, so a crash can never leave a stored turn ahead of
         what clients were shown (see :meth:`_store_turn`).
         """
-        message, self._started_turn = self._started_turn, None
+        seg = self._segment
+        message, seg.started_turn = seg.started_turn, None
         if message is None:
-            message = self._new_answer()
-            await self.store.add_message(message)
-            self.events.emit(Status(stage="model", detail=None))
+            message = self.new_answer()
+            await seg.store.add_message(message)
+            seg.events.emit(Status(stage="model", detail=None))
         # else the message and its status event were committed with the run's start
-        self._leaf_id = message.id
-        self._partial_message_id = message.id
+        seg.leaf_id = message.id
+        seg.partial_message_id = message.id
         parts: list[str] = []
         requests: list[ToolCallRequest] = []
         failure: RunError | None = None
-        emit_delta = self.events.emit_delta  # once, not at every delta
-        with self.cancel.model_scope() as scope:
+        emit_delta = seg.events.emit_delta  # once, not at every delta
+        with seg.cancel.model_scope() as scope:
             try:
-                checked = stream_checked(self.agent.model, request, self.agent.retry, on_retry=self._announce_retry, on_invalid=self._announce_invalid)
+                checked = stream_checked(seg.agent.model, request, seg.agent.retry, on_retry=self._announce_retry, on_invalid=self._announce_invalid)
                 async with aclosing(checked) as stream:
                     async for delta in stream:
                         # Model output is made storable here, before anything sees it.
@@ -94,69 +78,62 @@ class ModelCalls:
                         elif isinstance(delta, ToolCallRequest):
                             requests.append(storable_request(delta))
                         elif isinstance(delta, ToolCallStart):
-                            self.events.emit(Status(stage="model", detail=storable_text(delta.detail)))
+                            seg.events.emit(Status(stage="model", detail=storable_text(delta.detail)))
             except ModelError as exc:
                 partial = message.id if parts else None
                 failure = RunError(code=exc.code, message=storable_text(exc.message), retryable=exc.retryable, partial_message_id=partial)
             except Exception as exc:
-                logger.warning("model call of run %s failed: %r", self.run.id, exc)
+                logger.warning("model call of run %s failed: %r", seg.run.id, exc)
                 failure = RunError(code="model_error", message=describe_exception(exc), retryable=True, partial_message_id=message.id if parts else None)
         self._count_usage(request.usage)
         text = "".join(parts)
         if scope.cancel_called and failure is None:
             # A cancel stopped it: the run ends next, and this turn is stored with its end
             # (``finish_run(last_turn=…)``): one commit less between the cancel and ``cancelled``.
-            self._cancelled_turn = self._outcome(message.id, request.usage, content=text, status="cancelled")
+            seg.cancelled_turn = self._outcome(message.id, request.usage, content=text, status="cancelled")
             return ModelTurn(message.id, text, [], [])
         if failure is not None:
-            await self._store_turn(self._outcome(message.id, request.usage, content=text, status="failed"))
+            await seg.store_turn(self._outcome(message.id, request.usage, content=text, status="failed"))
             return ModelTurn(message.id, text, [], [], failure)
-        calls, announcements = announce_calls(self.agent.tools, self.config.approval_threshold, message.id, requests)
+        calls, announcements = announce_calls(seg.agent.tools, seg.config.approval_threshold, message.id, requests)
         for announcement in announcements:
-            self.events.emit(announcement)
-        stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(self.agent.tools.get(r.name), r.args))} for r in requests]
+            seg.events.emit(announcement)
+        stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(seg.agent.tools.get(r.name), r.args))} for r in requests]
         outcome = self._outcome(message.id, request.usage, content=text, status="complete", tool_calls=stored_calls or None)
         if requests:
-            await self._store_turn(outcome)
+            await seg.store_turn(outcome)
         else:
             # An answer without calls usually ends the run: it is stored in the transaction that
             # ends it (``finish_run(last_turn=…)``), one commit less; or before the next model
             # call, should a steering message have come meanwhile.
-            self._answer_turn = outcome
-        self._partial_message_id = None
+            seg.answer_turn = outcome
+        seg.partial_message_id = None
         return ModelTurn(message.id, text, requests, calls)
 
-    def _new_answer(self) -> MessageRecord:
+    def new_answer(self) -> MessageRecord:
         """The (empty, partial) assistant message of the next model turn, child of the leaf."""
-        return MessageRecord(new_id("msg"), self.run.thread_id, self._leaf_id, self.run.id, "assistant", "", status="partial")
+        seg = self._segment
+        return MessageRecord(new_id("msg"), seg.run.thread_id, seg.leaf_id, seg.run.id, "assistant", "", status="partial")
 
     def _announce_retry(self, attempt: int, delay: float, error: ModelError) -> None:
-        detail = f"retrying in {delay:.1f} s after {error.code} (attempt {attempt + 1} of {self.agent.retry.attempts})"
-        logger.info("run %s: model call failed (%s), %s", self.run.id, error.message, detail)
-        self.events.emit(Status(stage="model", detail=detail))
+        seg = self._segment
+        detail = f"retrying in {delay:.1f} s after {error.code} (attempt {attempt + 1} of {seg.agent.retry.attempts})"
+        logger.info("run %s: model call failed (%s), %s", seg.run.id, error.message, detail)
+        seg.events.emit(Status(stage="model", detail=detail))
 
     def _announce_invalid(self, error: ModelError) -> None:
+        seg = self._segment
         detail = f"asking the model again (attempt 2 of {ATTEMPTS}): its reply was {error.message}"
-        logger.info("run %s: %s", self.run.id, detail)
-        self.events.emit(Status(stage="model", detail=storable_text(detail)))
+        logger.info("run %s: %s", seg.run.id, detail)
+        seg.events.emit(Status(stage="model", detail=storable_text(detail)))
 
     def _count_usage(self, usage: Usage) -> None:
         """Count one model call's tokens (also a cancelled or failed call's) for ``done`` and
         ``/metrics``; they are stored with the turn."""
-        self.usage.add(usage)
+        self._segment.usage.add(usage)
         if self._on_usage is not None:
             self._on_usage(usage)
 
     @staticmethod
     def _outcome(message_id: str, usage: Usage, *, content: str, status: str, tool_calls: list[dict[str, Any]] | None = None) -> TurnOutcome:
         return TurnOutcome(message_id, content, status, usage.input_tokens, usage.output_tokens, tool_calls)
-
-    async def _store_turn(self, turn: TurnOutcome) -> None:
-        """Store a model turn's final state, with the tokens its call consumed, once the events
-        announcing it are durable.
-
-        A crash between the two writes leaves a ``partial`` message whose announced part
-        recovery reads back from the log, never a stored turn that clients were not shown.
-        """
-        await self.events.wait_for_idle()
-        await self.store.store_turn(self.run.id, turn)

@@ -26,16 +26,14 @@ import json
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..events import Done, Status
-from ..models import ChatMessage, Usage
+from ..models import ChatMessage
 from ..store import MessageRecord, Store
 from ._end import Stop
 from ._turn import CallItem
 
 if TYPE_CHECKING:
-    from ..agent import Agent
-    from ..store import RunRecord
-    from ._cancel import RunCancel
-    from ._eventlog import EventLog
+    from ._segment import Segment
+    from ._tools import ToolCalls
 
 __all__ = ["CheckpointRecovery", "LoggedRun"]
 
@@ -87,50 +85,33 @@ class LoggedRun:
 
 
 class CheckpointRecovery:
-    """The takeover half of :class:`~tether.runtime._runner.RunExecutor` (mixed into it)."""
+    """Takes a run over from its last checkpoint (for a run's executor whose process died)."""
 
-    store: Store
-    agent: Agent
-    run: RunRecord
-    cancel: RunCancel
-    accepting_messages: bool
-    _leaf_id: str | None
-    _partial_message_id: str | None
-    usage: Usage
+    def __init__(self, segment: Segment, tools: ToolCalls) -> None:
+        self._segment = segment
+        self._tools = tools
 
-    if TYPE_CHECKING:
-
-        @property
-        def events(self) -> EventLog: ...
-
-        async def _execute(self, calls: list[CallItem], *, audited: bool) -> None: ...
-
-        async def _park(self, calls: list[CallItem], gated: list[CallItem]) -> bool: ...
-
-        async def _settle(self, calls: list[CallItem]) -> list[ChatMessage]: ...
-
-        async def history_at(self, leaf_id: str | None) -> list[ChatMessage]: ...
-
-    async def recover_checkpoint(self) -> list[ChatMessage] | Done | Literal[Stop.WAITING]:
+    async def recover(self) -> list[ChatMessage] | Done | Literal[Stop.WAITING]:
         """Repair the store toward the log; return the history to go on with, the outcome
         (``done`` of an answer that only lacked it), or WAITING when a call went to review."""
-        logged = await LoggedRun.read(self.store, self.run.id)
-        thread = await self.store.get_thread(self.run.thread_id)
-        path = await self.store.path_to(self.run.thread_id, thread.active_leaf_id)
-        cut = next((i for i, m in enumerate(path) if m.run_id == self.run.id and m.role == "tool" and m.tool_call_id not in logged.results), None)
+        seg = self._segment
+        logged = await LoggedRun.read(seg.store, seg.run.id)
+        thread = await seg.store.get_thread(seg.run.thread_id)
+        path = await seg.store.path_to(seg.run.thread_id, thread.active_leaf_id)
+        cut = next((i for i, m in enumerate(path) if m.run_id == seg.run.id and m.role == "tool" and m.tool_call_id not in logged.results), None)
         if cut is not None:
             path = path[:cut]
-            await self.store.move_active_leaf(self.run.thread_id, path[-1].id if path else None)
+            await seg.store.move_active_leaf(seg.run.thread_id, path[-1].id if path else None)
         discarded = await self._repair_last_turn(path, logged)
-        self.events.emit(Status(stage="recovering", detail="continuing from the last checkpoint after the server stopped", discard_message_id=discarded))
-        self._leaf_id = path[-1].id if path else None
-        path = await self.store.path_to(self.run.thread_id, self._leaf_id)
+        seg.events.emit(Status(stage="recovering", detail="continuing from the last checkpoint after the server stopped", discard_message_id=discarded))
+        seg.leaf_id = path[-1].id if path else None
+        path = await seg.store.path_to(seg.run.thread_id, seg.leaf_id)
         last = path[-1] if path else None
-        if last is not None and last.role == "assistant" and last.run_id == self.run.id and last.status == "complete" and not last.tool_calls:
-            self.accepting_messages = False
-            return Done(message_id=last.id, usage=self.usage.to_json())
+        if last is not None and last.role == "assistant" and last.run_id == seg.run.id and last.status == "complete" and not last.tool_calls:
+            seg.accepting_messages = False
+            return Done(message_id=last.id, usage=seg.usage.to_json())
         turn = next(
-            (i for i in range(len(path) - 1, -1, -1) if path[i].role == "assistant" and path[i].tool_calls and path[i].run_id == self.run.id),
+            (i for i in range(len(path) - 1, -1, -1) if path[i].role == "assistant" and path[i].tool_calls and path[i].run_id == seg.run.id),
             None,
         )
         if turn is not None:
@@ -138,38 +119,40 @@ class CheckpointRecovery:
             missing = [c for c in path[turn].tool_calls or () if c["id"] not in answered]
             if missing and await self._recover_calls(missing, logged):
                 return Stop.WAITING
-        return await self.history_at(self._leaf_id)
+        return await seg.history_at(seg.leaf_id)
 
     async def _repair_last_turn(self, path: list[MessageRecord], logged: LoggedRun) -> str | None:
         """Make the last model turn on ``path`` agree with the log (``path`` is updated in
         place); return the id of a half-finished message taken off the path, if any."""
+        seg = self._segment
         last = path[-1] if path else None
-        if last is None or last.role != "assistant" or last.run_id != self.run.id or logged.agrees_with(last):
+        if last is None or last.role != "assistant" or last.run_id != seg.run.id or logged.agrees_with(last):
             return None
         text = logged.text_of(last.id)
         announced = logged.calls.get(last.id)
         if announced:  # its stream had ended and its calls were announced: complete per the log
             calls = [{"id": c["call_id"], "name": c["name"], "args": c["args"]} for c in announced]
-            await self.store.update_message(last.id, content=text, status="complete", tool_calls=calls)
+            await seg.store.update_message(last.id, content=text, status="complete", tool_calls=calls)
             return None
-        if self.cancel.requested:  # the run ends here: its partial answer stays, flagged
-            await self.store.update_message(last.id, content=text, status="cancelled")
-            self._partial_message_id = last.id
+        if seg.cancel.requested:  # the run ends here: its partial answer stays, flagged
+            await seg.store.update_message(last.id, content=text, status="cancelled")
+            seg.partial_message_id = last.id
             return None
         path.pop()
-        await self.store.update_message(last.id, content=text, status="failed")
-        await self.store.move_active_leaf(self.run.thread_id, path[-1].id if path else None)
+        await seg.store.update_message(last.id, content=text, status="failed")
+        await seg.store.move_active_leaf(seg.run.thread_id, path[-1].id if path else None)
         return last.id
 
     async def _recover_calls(self, missing: list[dict[str, Any]], logged: LoggedRun) -> bool:
         """Settle the calls a dead process left without a stored result; True if parked."""
-        latest = await self.store.latest_interrupt(self.run.id)
+        seg = self._segment
+        latest = await seg.store.latest_interrupt(seg.run.id)
         known = {c["id"]: CallItem.from_json(c) for c in (latest.turn["calls"] if latest is not None else [])}
         calls: list[CallItem] = []
         to_run: list[CallItem] = []
         to_review: list[CallItem] = []
         for missed in missing:
-            tool = self.agent.tools.get(missed["name"])
+            tool = seg.agent.tools.get(missed["name"])
             real = known.get(missed["id"])
             call = CallItem(missed["id"], missed["name"], real.args if real else missed["args"], decision=real.decision if real else None)
             calls.append(call)
@@ -194,9 +177,9 @@ class CheckpointRecovery:
                 continue
             else:  # its real arguments were never stored (sensitive, ungated): cannot be re-run
                 call.settle("unknown", reason="the server stopped while this ran; its outcome is unknown")
-            self.events.emit(call.result_event())
-        await self._execute(to_run, audited=False)
-        if to_review and not self.cancel.requested and await self._park(calls, to_review):
+            seg.events.emit(call.result_event())
+        await self._tools.execute(to_run, audited=False)
+        if to_review and not seg.cancel.requested and await self._tools.park(calls, to_review):
             return True
-        await self._settle(calls)
+        await self._tools.settle(calls)
         return False
