@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 from typing import Annotated, Any
 
 import anyio
@@ -152,11 +153,20 @@ def build_demo_agent(model: Model | None = None) -> Agent:
             raise Forbidden("the demo's effects table spans every user: it needs the 'admin' role", code="role_required")
         return {"items": await shop.effects(tool_name=tool, run_id=run_id)}
 
+    chosen = model or ScriptedModel()
+
+    async def start(store: Store) -> None:
+        await shop.open(store)
+        # A model that loads a file (the local one) loads now, not during the first run.
+        load = getattr(chosen, "load", None)
+        if load is not None and inspect.iscoroutinefunction(load):
+            await load()
+
     return Agent(
-        model or ScriptedModel(),
+        chosen,
         [get_order, sleep, write_note, refund, send_email, charge_card, purge_cache, ask_user],
         system_prompt="You are the assistant of a small online shop. Use the tools to help customers.",
         name="demo",
-        on_startup=shop.open,
+        on_startup=start,
         routes=router.routes,
     )

@@ -37,6 +37,9 @@ output that then is no answer and no complete call (cut by ``max_tokens``, stopp
 repeating, malformed) raises ``model_output_invalid`` (:mod:`tether.models._output`: asked once
 more, then the run fails); an answer cut short keeps the text it streamed, as free text does.
 
+**One tool round, then words.** Right after a tool's result the grammar allows only an answer
+(``answer_after_tool``): a small model shown its call and the result calls the same tool again.
+
 **History.** Messages go through the model's own chat template (from the GGUF file; ChatML when
 it has none). Small instruction models know no tool role, so an assistant turn that called
 tools is shown as the JSON it produced, and a tool result as a user message naming the tool.
@@ -124,6 +127,7 @@ class LlamaCppModel:
         max_string_length: int | None = 256,
         repeat_penalty: float = 1.0,
         repetition_stop: int | None = 32,
+        answer_after_tool: bool = True,
     ) -> None:
         try:
             import llama_cpp  # noqa: F401  # fail here, with advice, rather than at the first call
@@ -151,6 +155,9 @@ class LlamaCppModel:
         self.repeat_penalty = repeat_penalty
         #: Stop when this many last tokens repeat one pattern of up to 16 tokens (None: never).
         self.repetition_stop = repetition_stop
+        #: Right after a tool's result, allow only an answer in words: a small model otherwise
+        #: calls the same tool again and again (one tool round per user message, then words).
+        self.answer_after_tool = answer_after_tool
         #: The last calls' :class:`Generation` records, newest last.
         self.generations: deque[Generation] = deque(maxlen=100)
         self._llama: Any = None
@@ -268,7 +275,9 @@ class LlamaCppModel:
                 raise ModelError(f"the prompt has {len(tokens)} tokens; the context window holds {self.n_ctx}", code="model_context_exceeded")
             grammar = None
             if request.tools and self.constrained_tools:
-                schema = tool_choice_schema(request.tools, max_string_length=self.max_string_length)
+                # Right after a tool's result, only an answer (see ``answer_after_tool``).
+                offered = [] if self.answer_after_tool and _after_tool_result(request) else request.tools
+                schema = tool_choice_schema(offered, max_string_length=self.max_string_length)
                 grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
             # llama-cpp-python's own generation loop asks this of the vocabulary (end of turn, EOS).
             is_eog = getattr(llama_cpp, "llama_vocab_is_eog", None) or llama_cpp.llama_token_is_eog
@@ -306,6 +315,14 @@ class LlamaCppModel:
             if tail:
                 hand_over(tail)
         generation.total_s = time.perf_counter() - started
+
+
+def _after_tool_result(request: ModelRequest) -> bool:
+    """True when the history ends with a tool's result (steering or retry notes aside)."""
+    for message in reversed(request.messages):
+        if message.role != "system":
+            return message.role == "tool"
+    return False
 
 
 def _chat_messages(request: ModelRequest) -> list[dict[str, str]]:
