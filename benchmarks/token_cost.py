@@ -83,9 +83,8 @@ async def _asyncio_paced(runs: int, tokens: int, delay_s: float, follower: bool)
 
 async def _tether(runs: int, tokens: int, delay_ms: float) -> int:
     # Imported here: the asyncio scenarios run without Tether's modules in the process.
-    from tether._ids import new_id
     from tether.demo import build_demo_agent
-    from tether.runtime import Runtime, follow_run
+    from tether.runtime import Runtime
 
     with tempfile.TemporaryDirectory() as tmp:
         runtime = await Runtime.open(f"sqlite:///{tmp}/token-cost.db", build_demo_agent())
@@ -101,10 +100,9 @@ async def _tether(runs: int, tokens: int, delay_ms: float) -> int:
 
             async def one(thread_id: str) -> None:
                 nonlocal received
-                run_id = new_id("run")
-                live = runtime.bus.open(run_id)  # before the start: the follower gets every event
-                await runtime.start_run(thread_id, content=script, requester="local", run_id=run_id)
-                async for batch in follow_run(runtime.store, runtime.bus, run_id, live=live):
+                # Subscribed before the start: the follower gets every event.
+                _run, feed = await runtime.start_followed_run(thread_id, content=script, requester="local")
+                async for batch in feed.follow():
                     received += sum(1 for event in batch if event.type == "token")
 
             await asyncio.gather(*(one(t) for t in threads))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tether.events import Done, Envelope, Event, RunStarted, Status, StoredEvent, Token, now_ts
-from tether.runtime import LocalBus
+from tether.runtime import LocalBus, RunFeed
 from tether.server._sse import EventStreamResponse, sse_response
 
 pytestmark = pytest.mark.anyio
@@ -241,7 +241,8 @@ async def test_a_run_stream_sends_retry_with_its_first_events_and_ends_with_its_
     bus = LocalBus()
     live = bus.open("run_1")
     releases: list[int] = []
-    resp = sse_response(None, bus, "run_1", after_seq=0, release=lambda: releases.append(1), live=live)  # type: ignore[arg-type]  # a live stream does not read the store
+    feed = RunFeed(None, bus, "run_1", live=live)  # type: ignore[arg-type]  # a live stream does not read the store
+    resp = sse_response(feed, release=lambda: releases.append(1))
     client = Client()
     async with asyncio.timeout(10):
         serving = asyncio.create_task(serve(resp, client))

@@ -34,13 +34,14 @@ from .errors import (
     Unauthorized,
 )
 from .events import Envelope, Event
+from .history import HistoryPolicy
 from .models import ChatMessage, Model, ModelRequest, RetryPolicy, TextDelta, ThinkingDelta, ToolCallRequest, Usage, load_model
 from .models.scripted import ScriptedModel
 from .tools import Sensitive, Tool, ToolContext, tool
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
-    from .runtime import HistoryPolicy, RunConfig
+    from .runtime import RunConfig
     from .server import create_app
 
 __version__ = "0.1.0"
@@ -97,7 +98,7 @@ __all__ = [
     "ServerUnreachable",
 ]
 
-_LAZY = {"create_app": "server", "AsyncClient": "client", "Client": "client", "RunConfig": "runtime", "HistoryPolicy": "runtime"}
+_LAZY = {"create_app": "server", "AsyncClient": "client", "Client": "client", "RunConfig": "runtime"}
 
 
 def __getattr__(name: str) -> Any:

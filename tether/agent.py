@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .history import HistoryPolicy
 from .models import Model, RetryPolicy, ToolSpec
 from .tools import Tool
 
-if TYPE_CHECKING:  # for the annotations only: the agent itself needs neither a web framework nor a database
+if TYPE_CHECKING:  # for the annotations only: the agent itself needs no web framework
     from starlette.routing import BaseRoute
-
-    from .runtime import HistoryPolicy
 
 __all__ = ["Agent"]
 

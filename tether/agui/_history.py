@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FieldError, InvalidRequest
-from ..runtime._turn import ParkedTurn, tool_message_content
+from ..runtime import ParkedTurn, tool_message_content
 from ..store import InterruptRecord, MessageRecord, RunRecord
 from ._mapping import tool_message_id
 

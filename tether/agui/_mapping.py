@@ -40,7 +40,7 @@ from datetime import datetime
 from typing import Any
 
 from ..events import Envelope, StoredEvent
-from ..runtime._turn import tool_message_content
+from ..runtime import tool_message_content
 from ..tools import Tool
 from ._interrupts import agui_interrupts
 

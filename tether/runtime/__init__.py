@@ -9,16 +9,17 @@ server was down.
 
 :meth:`Runtime.open` is the one way in for a server: it opens the store and picks the bus (an
 in-process one on SQLite; on PostgreSQL one that also hears other processes through
-``LISTEN``), so the HTTP layer never deals with either.
+``LISTEN``), so the HTTP layer never deals with either: the runtime makes run ids, and a stream
+gets a :class:`RunFeed` (:meth:`Runtime.feed`, :meth:`Runtime.start_followed_run`) to follow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
-from .._ids import utcnow
+from .._ids import new_id, utcnow
 from ..agent import Agent
 from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import CancelMode, Resumed, format_ts
@@ -28,18 +29,43 @@ from ._bus import LocalBus, Subscription
 from ._cancel import Cancels
 from ._config import RunConfig
 from ._eventlog import stored_event
-from ._follow import FellBehind, StreamEnded, follow_run
+from ._follow import FellBehind, RunFeed, StreamEnded, follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
 from ._groupcommit import GroupCommit
 from ._history import HistoryPolicy
 from ._pgbus import open_bus
 from ._runner import RunExecutor
 from ._takeover import Takeover
-from ._turn import ParkedTurn
+from ._turn import ParkedTurn, tool_message_content
 
-__all__ = ["Runtime", "RunConfig", "HistoryPolicy", "LocalBus", "Subscription", "follow_run", "FellBehind", "StreamEnded"]
+__all__ = [
+    "Runtime",
+    "RunConfig",
+    "RunFeed",
+    "RunStart",
+    "HistoryPolicy",
+    "FourEyesPolicy",
+    "ParkedTurn",
+    "tool_message_content",
+    "LocalBus",
+    "Subscription",
+    "follow_run",
+    "FellBehind",
+    "StreamEnded",
+]
 
 log = logging.getLogger("tether.runtime")
+
+
+class RunStart(TypedDict, total=False):
+    """What a run starts with (:meth:`Runtime.start_run`'s arguments after the thread)."""
+
+    content: Required[str | None]
+    parent_id: str | None
+    use_active_leaf: bool
+    config: RunConfig | None
+    owner: str | None
+    requester: str | None
 
 
 class Runtime:
@@ -189,7 +215,6 @@ class Runtime:
         config: RunConfig | None = None,
         owner: str | None = None,
         requester: str | None = None,
-        run_id: str | None = None,
     ) -> RunRecord:
         """Start a run on a thread: store it with its input, already ``running`` (its
         ``run_started`` and first ``status`` events and its first model turn's empty answer, one
@@ -202,20 +227,37 @@ class Runtime:
         thread is not terminal. ``requester`` is the principal starting it: it may decide the
         run's interrupts (unless four-eyes applies), and the server caps the runs of one
         requester that are active at once (:meth:`~tether.store.Store.count_active_runs`).
-
-        ``run_id`` names the new run, for a caller that subscribes to it on :attr:`bus` before
-        it starts (:meth:`~._bus.LocalBus.open`): that subscription then gets every event of
-        the run from ``run_started`` on, and its follower needs no read of the store
-        (:func:`follow_run`'s ``live``).
         """
+        start = RunStart(content=content, parent_id=parent_id, use_active_leaf=use_active_leaf, config=config, owner=owner, requester=requester)
+        return await self._start(thread_id, new_id("run"), start)
+
+    async def start_followed_run(self, thread_id: str, **start: Unpack[RunStart]) -> tuple[RunRecord, RunFeed]:
+        """:meth:`start_run` (with its arguments), and a feed of the new run's events subscribed
+        before it started: it gets every event from ``run_started`` on, and its follower begins
+        without reading the store back. :meth:`RunFeed.close` it when the stream is over."""
+        run_id = new_id("run")
+        live = self.bus.open(run_id)
+        try:
+            run = await self._start(thread_id, run_id, start)
+        except BaseException:
+            self.bus.close(live)
+            raise
+        return run, RunFeed(self.store, self.bus, run.id, live=live)
+
+    def feed(self, run_id: str, *, after_seq: int = 0) -> RunFeed:
+        """A feed of ``run_id``'s events after ``after_seq`` (replay, then the live tail)."""
+        return RunFeed(self.store, self.bus, run_id, after_seq=after_seq)
+
+    async def _start(self, thread_id: str, run_id: str, start: RunStart) -> RunRecord:
+        config = start.get("config")
         created = await self.store.create_run(
             thread_id=thread_id,
-            content=content,
-            parent_id=parent_id,
-            use_active_leaf=use_active_leaf,
+            content=start["content"],
+            parent_id=start.get("parent_id"),
+            use_active_leaf=start.get("use_active_leaf", True),
             config=(config or RunConfig()).model_dump(),
-            owner=owner,
-            requested_by=requester,
+            owner=start.get("owner"),
+            requested_by=start.get("requester"),
             running=True,
             run_id=run_id,
         )

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 from ..events import TERMINAL_TYPES, StoredEvent
 from ..store import Store
 from ._bus import LocalBus, Subscription
 
-__all__ = ["follow_run", "FellBehind", "StreamEnded"]
+__all__ = ["follow_run", "FellBehind", "StreamEnded", "RunFeed"]
 
 #: About how many bytes of events a follower reads from the store at a time: what it holds while
 #: catching up. Page sizes adapt to the size of the events, from one event up to ``_MAX_PAGE``
@@ -162,3 +163,35 @@ def _taken_over(bus: LocalBus, live: Subscription) -> Iterator[Subscription]:
         yield live
     finally:
         bus.close(live)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFeed:
+    """One run's events for a stream to follow: where to read them and where to hear them.
+
+    What the runtime hands the HTTP layer (:meth:`~tether.runtime.Runtime.feed`,
+    :meth:`~tether.runtime.Runtime.start_followed_run`), so that it never deals with the store
+    or the bus itself. :meth:`close` it once the stream is over (closing twice is harmless).
+    """
+
+    store: Store
+    bus: LocalBus
+    run_id: str
+    after_seq: int = 0
+    #: A subscription opened before the run started (its first events are there at once).
+    live: Subscription | None = None
+
+    @property
+    def starts_live(self) -> bool:
+        """True for a run this feed was subscribed to before it started."""
+        return self.live is not None
+
+    def follow(self, *, idle_timeout: float = 15.0, stop_when_behind: bool = False, after_seq: int | None = None) -> AsyncIterator[list[StoredEvent]]:
+        """:func:`follow_run` over this feed (from ``after_seq``, by default the feed's own)."""
+        start = self.after_seq if after_seq is None else after_seq
+        return follow_run(self.store, self.bus, self.run_id, after_seq=start, idle_timeout=idle_timeout, stop_when_behind=stop_when_behind, live=self.live)
+
+    def close(self) -> None:
+        """Give up the subscription taken before the run started (a follower that ran closed it already)."""
+        if self.live is not None:
+            self.bus.close(self.live)

@@ -22,8 +22,7 @@ from fastapi.routing import APIRoute
 
 from .. import __version__
 from ..agent import Agent
-from ..runtime import Runtime
-from ..runtime._gate import FourEyesPolicy
+from ..runtime import FourEyesPolicy, Runtime
 from ..store import Principal
 from ..webhooks import WebhookSettings, start_webhooks
 from ..webhooks import _routes as webhook_routes

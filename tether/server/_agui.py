@@ -32,7 +32,7 @@ from ..agui import (
     tether_interrupt_id,
 )
 from ..errors import Conflict, FieldError, InvalidRequest, NotFound, TetherError
-from ..runtime import Runtime, StreamEnded, follow_run
+from ..runtime import Runtime, StreamEnded
 from ..sse import PING
 from ..store import RunRecord, Store, ThreadRecord
 from ._access import Access
@@ -196,7 +196,7 @@ async def _stream(
     if await paused():
         return
     try:
-        async for batch in follow_run(store, runtime.bus, run_id, after_seq=max(last, cursor.seq), idle_timeout=ping_s):
+        async for batch in runtime.feed(run_id).follow(after_seq=max(last, cursor.seq), idle_timeout=ping_s):
             if not batch:
                 yield PING
                 continue

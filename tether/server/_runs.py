@@ -7,7 +7,6 @@ from typing import Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from .._ids import new_id
 from ..errors import InvalidRequest, LimitExceeded
 from ._deps import access_of, actor_of, caller_of, limits_of, run_admission_of, run_start_buckets_of, runtime_of, sse_ping_s_of, store_of, stream_slots_of
 from ._limits import check_rate
@@ -51,31 +50,26 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
                 retry_after_s=5.0,
                 details={"limit": limit},
             )
-        release = stream_slots_of(request).acquire(caller) if wants_event_stream(request) else None
-        # A stream follows the run from before it exists: its subscription gets every event,
-        # and the stream begins without reading the store back.
-        run_id = new_id("run") if release is not None else None
-        live = runtime.bus.open(run_id) if run_id is not None else None
+        content = body.input.content if body.input is not None else None
+        at_leaf = "parent_id" not in body.model_fields_set
+        if not wants_event_stream(request):
+            run = await runtime.start_run(thread_id, content=content, parent_id=body.parent_id, use_active_leaf=at_leaf, config=body.config, requester=caller)
+            return JSONResponse(run_view(run), status_code=202, headers=_started_headers(run.id))
+        release = stream_slots_of(request).acquire(caller)
         try:
-            run = await runtime.start_run(
-                thread_id,
-                content=body.input.content if body.input is not None else None,
-                parent_id=body.parent_id,
-                use_active_leaf="parent_id" not in body.model_fields_set,
-                config=body.config,
-                requester=caller,
-                run_id=run_id,
+            # The stream follows the run from before it exists: it gets every event, and
+            # begins without reading the store back.
+            run, feed = await runtime.start_followed_run(
+                thread_id, content=content, parent_id=body.parent_id, use_active_leaf=at_leaf, config=body.config, requester=caller
             )
         except BaseException:
-            if live is not None:
-                runtime.bus.close(live)
-            if release is not None:
-                release()
+            release()
             raise
-    headers = {"Location": f"/v1/runs/{run.id}", "X-Run-Id": run.id}
-    if release is not None:
-        return sse_response(store_of(request), runtime.bus, run.id, after_seq=0, release=release, ping_s=sse_ping_s_of(request), headers=headers, live=live)
-    return JSONResponse(run_view(run), status_code=202, headers=headers)
+    return sse_response(feed, release=release, ping_s=sse_ping_s_of(request), headers=_started_headers(run.id))
+
+
+def _started_headers(run_id: str) -> dict[str, str]:
+    return {"Location": f"/v1/runs/{run_id}", "X-Run-Id": run_id}
 
 
 @router.get("/v1/runs/{run_id}")
@@ -117,7 +111,7 @@ async def run_events(
     store = store_of(request)
     if wants_event_stream(request):
         release = stream_slots_of(request).acquire(caller_of(request))
-        return sse_response(store, runtime_of(request).bus, run.id, after_seq=start, release=release, ping_s=sse_ping_s_of(request))
+        return sse_response(runtime_of(request).feed(run.id, after_seq=start), release=release, ping_s=sse_ping_s_of(request))
     page = await store.read_events(run.id, after_seq=start, limit=limit)
     # The stored envelopes verbatim: the very same bytes the stream sends.
     body = '{"items":[' + ",".join(e.envelope for e in page) + "]}"

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from ..runtime._config import RunConfig
+from ..runtime import RunConfig
 
 __all__ = [
     "CreateThread",

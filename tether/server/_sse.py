@@ -21,9 +21,8 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import Overloaded
 from ..events import TERMINAL_TYPES
-from ..runtime import FellBehind, LocalBus, StreamEnded, Subscription, follow_run
+from ..runtime import FellBehind, RunFeed, StreamEnded
 from ..sse import PING, encode_comment, encode_event, encode_retry
-from ..store import Store
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
@@ -51,17 +50,17 @@ class _Last(str):
     __slots__ = ()
 
 
-async def _sse_body(store: Store, bus: LocalBus, run_id: str, after_seq: int, ping_s: float, live: Subscription | None) -> AsyncGenerator[str, None]:
+async def _sse_body(feed: RunFeed, ping_s: float) -> AsyncGenerator[str, None]:
     first = encode_retry(RETRY_MS)
-    if live is None:
+    if not feed.starts_live:
         # A follower's stream: ``retry:`` at once, before anything else is there.
         yield first
         first = ""
     # else a stream of a run this request starts: its first events are there at once, and
     # ``retry:`` goes out with them, one write to the socket less.
-    last = after_seq
+    last = feed.after_seq
     try:
-        async for batch in follow_run(store, bus, run_id, after_seq=after_seq, idle_timeout=ping_s, stop_when_behind=True, live=live):
+        async for batch in feed.follow(idle_timeout=ping_s, stop_when_behind=True):
             ends = bool(batch) and batch[-1].type in TERMINAL_TYPES
             if not batch:
                 chunks: Iterable[str] = (PING,)
@@ -178,36 +177,30 @@ class EventStreamResponse(Response):
 
 
 def sse_response(
-    store: Store,
-    bus: LocalBus,
-    run_id: str,
+    feed: RunFeed,
     *,
-    after_seq: int,
     release: Callable[[], None],
     ping_s: float = 15.0,
     status_code: int = 200,
     headers: dict[str, str] | None = None,
-    live: Subscription | None = None,
 ) -> EventStreamResponse:
-    """Stream ``run_id`` from ``after_seq``: replay, live tail, close after the terminal event.
+    """Stream a run's ``feed`` (:meth:`~tether.runtime.Runtime.feed`): replay, live tail, close
+    after the terminal event.
 
     The body ends when the client disconnects; that only unsubscribes, the run goes on.
-    ``release`` gives the stream's slot back when the response ends. ``live``: a subscription
-    opened before the run started (the stream of a run started by this request), taken over by
-    the stream (:func:`~tether.runtime.follow_run`), and closed with the response.
+    ``release`` gives the stream's slot back when the response ends; the feed is closed then
+    too (a body that never ran did not close it).
     """
-    if live is not None:
-        give_back = release
 
-        def release() -> None:
-            try:
-                bus.close(live)  # a body that never ran did not close it (closing twice is harmless)
-            finally:
-                give_back()
+    def release_all() -> None:
+        try:
+            feed.close()
+        finally:
+            release()
 
     return EventStreamResponse(
-        _sse_body(store, bus, run_id, after_seq, ping_s, live),
+        _sse_body(feed, ping_s),
         status_code=status_code,
         headers={**SSE_HEADERS, **(headers or {})},
-        release=release,
+        release=release_all,
     )
