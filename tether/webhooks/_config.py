@@ -97,6 +97,9 @@ class WebhookSettings:
     poll_s: float = 1.0
     #: Deliveries in flight at once per endpoint (each to a different thread).
     concurrency: int = 8
+    #: An idle sender woken by a change waits this long before it claims, so that a burst of
+    #: changes goes out from one claim and the requests that made them are answered first.
+    coalesce_s: float = 0.25
 
     def __post_init__(self) -> None:
         check_secret(self.secret)

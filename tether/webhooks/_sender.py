@@ -9,7 +9,8 @@ import contextlib
 import logging
 import random
 import time
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -41,6 +42,9 @@ class Sender:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
+        #: Finished attempts not yet written; one writer task records them together.
+        self._attempts: list[_Attempt] = []
+        self._attempts_ready = asyncio.Event()
         #: Attempts of this process by outcome (``ok``, ``retry``, ``failed``, ``disabled``).
         self.outcomes: dict[str, int] = {}
         #: Endpoints that answered 410 Gone: this process sends them nothing more.
@@ -52,6 +56,7 @@ class Sender:
     def start(self) -> None:
         for endpoint in self.settings.endpoints:
             self._tasks.append(asyncio.create_task(self._serve(endpoint), name=f"webhooks {endpoint.id}"))
+        self._tasks.append(asyncio.create_task(self._write_attempts(), name="webhooks attempts"))
 
     async def aclose(self) -> None:
         for task in [*self._tasks, *self._in_flight]:
@@ -59,7 +64,12 @@ class Sender:
         for task in [*self._tasks, *self._in_flight]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await self._client.aclose()
+        try:  # what finished before the stop; anything lost here is sent again when its lease lapses
+            await self._record(self._take_attempts())
+        except Exception:
+            log.exception("webhooks: recording the last attempts failed")
+        finally:
+            await self._client.aclose()
 
     async def _serve(self, endpoint: Endpoint) -> None:
         slots = asyncio.Semaphore(self.settings.concurrency)
@@ -75,9 +85,14 @@ class Sender:
                 self._in_flight.add(task)
                 task.add_done_callback(self._done)
             if not rows:
+                # Idle (nothing of this endpoint in flight or unrecorded): the change that wakes
+                # it is likely the first of a burst, so it lets the burst gather first.
+                idle = free == self.settings.concurrency and not self._attempts
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.poll_s)
+                    if idle:
+                        await asyncio.sleep(self.settings.coalesce_s)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
@@ -87,16 +102,19 @@ class Sender:
         """The due heads of their threads (the oldest pending delivery of each thread), leased to this process."""
         now = utcnow()
         o, p = webhook_outbox, webhook_outbox.alias("earlier")
-        earlier_pending = (
-            sa.exists()
-            .where(p.c.endpoint == o.c.endpoint, p.c.thread_id == o.c.thread_id, p.c.status == "pending", p.c.seq < o.c.seq)
-            # A notice not yet due (``interrupt.expiring``) holds nothing up; one that was tried does.
-            .where(sa.or_(p.c.attempts > 0, p.c.next_attempt_at <= now))
+        # The head of each thread: its oldest pending delivery that is due or was tried (a notice
+        # not yet due, ``interrupt.expiring``, holds nothing up). A grouped scan, not a
+        # correlated NOT EXISTS: its plan stays linear when the table's statistics are stale,
+        # as they are in the burst that filled it.
+        heads = (
+            sa.select(sa.func.min(p.c.seq))
+            .where(p.c.endpoint == endpoint.id, p.c.status == "pending", sa.or_(p.c.attempts > 0, p.c.next_attempt_at <= now))
+            .group_by(p.c.thread_id)
         )
         free = sa.or_(o.c.lease_expires_at.is_(None), o.c.lease_expires_at < now)
         query = (
             sa.select(o.c.seq, o.c.id, o.c.body, o.c.attempts, o.c.created_at, o.c.event_type, o.c.interrupt_id)
-            .where(o.c.endpoint == endpoint.id, o.c.status == "pending", o.c.next_attempt_at <= now, free, ~earlier_pending)
+            .where(o.c.seq.in_(heads), o.c.next_attempt_at <= now, free)
             .order_by(o.c.seq)
             .limit(limit)
         )
@@ -145,7 +163,10 @@ class Sender:
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
             if outcome == "disabled":
                 self.disabled.add(endpoint.id)
-            await self._record(row, endpoint, attempt, started, duration_ms, status_code, outcome, error, next_at)
+            # Recorded by the writer task; until then the row stays leased to this process, so
+            # nothing sends it again (and if the process dies first, its lease lapses: resent).
+            self._attempts.append(_Attempt(row.seq, row.id, endpoint.id, attempt, started, duration_ms, status_code, outcome, error, next_at))
+            self._attempts_ready.set()
 
     def _judge(self, row: Any, attempt: int, status: int | None, retry_after: float | None, *, refused: bool) -> tuple[str, Any]:
         if status is not None and 200 <= status < 300:
@@ -164,36 +185,77 @@ class Sender:
             return "failed", None
         return "retry", next_at
 
-    async def _record(
-        self, row: Any, endpoint: Endpoint, attempt: int, started: Any, duration_ms: int, status_code: int | None, outcome: str, error: str | None, next_at: Any
-    ) -> None:
+    def _take_attempts(self) -> list[_Attempt]:
+        taken, self._attempts = self._attempts, []
+        self._attempts_ready.clear()
+        return taken
+
+    async def _write_attempts(self) -> None:
+        """Record finished attempts, all that finished meanwhile in one transaction."""
+        while True:
+            await self._attempts_ready.wait()
+            taken = self._take_attempts()
+            try:
+                await self._record(taken)
+            except Exception:  # the database is away: keep them for the next try
+                log.exception("webhooks: recording attempts failed")
+                self._attempts[:0] = taken
+                await asyncio.sleep(self.settings.poll_s)
+                self._attempts_ready.set()
+                continue
+            self._wake.set()  # a thread's next delivery may now be due
+
+    async def _record(self, attempts: list[_Attempt]) -> None:
+        if not attempts:
+            return
         o = webhook_outbox
         now = utcnow()
-        mine = [o.c.seq == row.seq, o.c.lease_owner == self.store.instance_id, o.c.status == "pending"]
         async with self.store._writing() as conn:
             await conn.execute(
-                webhook_attempts.insert().values(
-                    outbox_id=row.id,
-                    attempt=attempt,
-                    sender=self.store.instance_id,
-                    started_at=started,
-                    duration_ms=duration_ms,
-                    status_code=status_code,
-                    outcome=outcome,
-                    error=error,
-                )
+                webhook_attempts.insert(),
+                [
+                    {
+                        "outbox_id": a.outbox_id,
+                        "attempt": a.attempt,
+                        "sender": self.store.instance_id,
+                        "started_at": a.started_at,
+                        "duration_ms": a.duration_ms,
+                        "status_code": a.status_code,
+                        "outcome": a.outcome,
+                        "error": a.error,
+                    }
+                    for a in attempts
+                ],
             )
-            done = {"lease_owner": None, "lease_expires_at": None, "attempts": attempt, "last_error": error}
-            if outcome == "ok":
-                await conn.execute(o.update().where(*mine).values(status="delivered", finished_at=now, **done))
-            elif outcome == "retry":
-                await conn.execute(o.update().where(*mine).values(next_attempt_at=next_at, **done))
-            elif outcome == "failed":
-                await conn.execute(o.update().where(*mine).values(status="failed", finished_at=now, **done))
-            else:  # 410 Gone: the receiver asks for no more deliveries
-                await conn.execute(o.update().where(*mine).values(status="disabled", finished_at=now, **done))
-                await conn.execute(
-                    o.update()
-                    .where(o.c.endpoint == endpoint.id, o.c.status == "pending")
-                    .values(status="disabled", finished_at=now, last_error="endpoint answered 410 Gone")
-                )
+            for a in attempts:
+                mine = [o.c.seq == a.seq, o.c.lease_owner == self.store.instance_id, o.c.status == "pending"]
+                done = {"lease_owner": None, "lease_expires_at": None, "attempts": a.attempt, "last_error": a.error}
+                if a.outcome == "ok":
+                    await conn.execute(o.update().where(*mine).values(status="delivered", finished_at=now, **done))
+                elif a.outcome == "retry":
+                    await conn.execute(o.update().where(*mine).values(next_attempt_at=a.next_at, **done))
+                elif a.outcome == "failed":
+                    await conn.execute(o.update().where(*mine).values(status="failed", finished_at=now, **done))
+                else:  # 410 Gone: the receiver asks for no more deliveries
+                    await conn.execute(o.update().where(*mine).values(status="disabled", finished_at=now, **done))
+                    await conn.execute(
+                        o.update()
+                        .where(o.c.endpoint == a.endpoint, o.c.status == "pending")
+                        .values(status="disabled", finished_at=now, last_error="endpoint answered 410 Gone")
+                    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """One finished attempt, to be recorded."""
+
+    seq: int
+    outbox_id: str
+    endpoint: str
+    attempt: int
+    started_at: datetime
+    duration_ms: int
+    status_code: int | None
+    outcome: str
+    error: str | None
+    next_at: datetime | None
