@@ -53,6 +53,7 @@ import anyio
 import httpx2
 
 from ..errors import ModelError
+from ..telemetry._context import outbound_headers
 from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
 from ._output import output_invalid
 from ._registry import env_setting
@@ -126,7 +127,7 @@ class AnthropicModel:
             params["temperature"] = self.temperature
 
         try:
-            upstream = await self._client.messages.create(**params)
+            upstream = await self._client.messages.create(**params, extra_headers=outbound_headers() or None)
         except anthropic.AnthropicError as exc:
             raise _model_error(exc) from exc
 

@@ -59,6 +59,7 @@ import httpx2
 import openai
 
 from ..errors import ModelError
+from ..telemetry._context import outbound_headers
 from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
 from ._output import output_invalid
 from ._registry import env_setting
@@ -148,7 +149,7 @@ class OpenAIModel:
             params["stream_options"] = {"include_usage": True}
 
         try:
-            upstream = await self._client.chat.completions.create(**params)
+            upstream = await self._client.chat.completions.create(**params, extra_headers=outbound_headers() or None)
         except openai.OpenAIError as exc:
             raise _model_error(exc) from exc
 

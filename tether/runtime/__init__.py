@@ -16,6 +16,7 @@ gets a :class:`RunFeed` (:meth:`Runtime.feed`, :meth:`Runtime.start_followed_run
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, Required, TypedDict, Unpack
 
@@ -33,6 +34,7 @@ from ._follow import FellBehind, RunFeed, StreamEnded, follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
 from ._groupcommit import GroupCommit
 from ._history import HistoryPolicy
+from ._observer import RunObserver
 from ._pgbus import open_bus
 from ._runner import RunExecutor
 from ._takeover import Takeover
@@ -52,6 +54,7 @@ __all__ = [
     "follow_run",
     "FellBehind",
     "StreamEnded",
+    "RunObserver",
 ]
 
 log = logging.getLogger("tether.runtime")
@@ -108,6 +111,8 @@ class Runtime:
         self._owns_store = False
         #: Tokens consumed by the model calls this process made (a counter for ``/metrics``).
         self.tokens = Usage()
+        #: Told where runs stand (telemetry: :mod:`tether.telemetry`); set it before :meth:`start`.
+        self.observer = RunObserver()
 
     @classmethod
     async def open(
@@ -146,6 +151,8 @@ class Runtime:
         then start the expiry sweeper, the lease keeper and (PostgreSQL) the lapse watcher."""
         if hasattr(self.bus, "on_control"):
             self.bus.on_control = self._on_control
+        if type(self.observer) is not RunObserver:
+            self.bus.on_committed = self.observer.committed
         self.writer.start()
         if self.agent.on_startup is not None:
             await self.agent.on_startup(self.store)
@@ -287,16 +294,22 @@ class Runtime:
             takeover=takeover,
             four_eyes=self.four_eyes,
             max_queued_messages=self.max_queued_messages,
-            on_usage=self.tokens.add,
+            on_usage=functools.partial(self._model_call_ended, run.id),
             writer=self.writer,
             started=started,
         )
+        self.observer.launched(run, resume=resume, takeover=takeover)
         self._executors[run.id] = executor  # registered before the task runs: cancel finds it
         self._run_tasks[run.id] = self._spawn(self._drive(executor), f"run-{run.id}")
 
+    def _model_call_ended(self, run_id: str, usage: Usage) -> None:
+        self.tokens.add(usage)
+        self.observer.model_call_ended(run_id, usage)
+
     async def _drive(self, executor: RunExecutor) -> None:
         try:
-            await executor.execute()
+            with self.observer.executing(executor.run):
+                await executor.execute()
         except Exception:
             log.exception("executor of run %s crashed", executor.run.id)
         finally:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .._idle import IdleTimer
 from ..events import StoredEvent
@@ -153,6 +153,9 @@ class LocalBus:
         self.published = 0
         #: True once :meth:`end_streams` was called: every subscription starts ended.
         self.streams_ended = False
+        #: Told of every batch this process committed (the runtime's observer), not of the
+        #: batches another process committed (:meth:`deliver`).
+        self.on_committed: Callable[[str, Sequence[StoredEvent]], None] | None = None
 
     async def start(self) -> None:
         """Nothing to connect in one process (a cross-process bus connects here)."""
@@ -187,7 +190,13 @@ class LocalBus:
                 del self._subscribers[subscription.run_id]
 
     def publish(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
-        """Hand a committed batch to every follower of ``run_id``."""
+        """Hand a batch this process committed to every follower of ``run_id``."""
+        if self.on_committed is not None:
+            self.on_committed(run_id, batch)
+        self.deliver(run_id, batch)
+
+    def deliver(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
+        """Hand a committed batch (this process's or another's) to every follower of ``run_id``."""
         self.published += len(batch)
         for subscription in self._subscribers.get(run_id, ()):
             subscription._push(batch)

@@ -129,7 +129,7 @@ class PostgresBus(LocalBus):
                 if not page:
                     break
                 self._published_to[run_id] = page[-1].seq
-                self.publish(run_id, page)
+                self.deliver(run_id, page)  # another process committed them
         except Exception as exc:
             log.warning("reading run %s's events for its followers failed; they catch up themselves: %r", run_id, exc)
             self._mark_all_stale(run_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -24,6 +24,7 @@ from .. import __version__
 from ..agent import Agent
 from ..runtime import FourEyesPolicy, Runtime
 from ..store import Principal
+from ..telemetry import Telemetry
 from ..webhooks import WebhookSettings, start_webhooks
 from ..webhooks import _routes as webhook_routes
 from . import _agui, _auth, _inbox, _metrics, _resume, _runs, _threads
@@ -35,6 +36,9 @@ from ._idempotency import Idempotency
 from ._limits import RUN_ADMISSION, BodyLimit, Limits, StreamSlots, TokenBuckets, check_rate
 from ._openapi import ERROR_RESPONSES
 from ._ui import install_ui
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["create_app", "end_event_streams", "stop_draining", "principal_of", "Principal", "Limits"]
 
@@ -56,6 +60,8 @@ def create_app(
     cors_origins: Sequence[str] = (),
     limits: Limits | None = None,
     webhooks: WebhookSettings | None = None,
+    tracer_provider: TracerProvider | None = None,
+    trace_contents: bool = False,
 ) -> FastAPI:
     """Build the application serving ``agent`` on the database at ``db_url``.
 
@@ -76,6 +82,10 @@ def create_app(
     from other sites (none by default). ``limits`` bounds what callers may ask (:class:`Limits`;
     the defaults are never reached by a single user). ``webhooks`` sends signed notifications
     of interrupts and finished runs to the endpoints it names (docs/webhooks.md).
+
+    Spans of the runs (OpenTelemetry, docs/observability.md) go to ``tracer_provider``, else
+    where the ``OTEL_*`` environment variables say, else nowhere. ``trace_contents`` puts
+    message contents, tool arguments (masked as everywhere) and results into them.
     """
     limits = limits or Limits()
     if auth not in get_args(AuthMode):
@@ -101,6 +111,8 @@ def create_app(
         )
         app.state.runtime = runtime
         app.state.store = runtime.store
+        telemetry = Telemetry.from_environment(agent, runtime.store, tracer_provider=tracer_provider, contents=trace_contents)
+        runtime.observer = app.state.telemetry = telemetry
         sender = await start_webhooks(runtime.store, webhooks) if webhooks is not None else None
         app.state.webhooks = sender
         try:
@@ -110,7 +122,10 @@ def create_app(
             if sender is not None:
                 await sender.aclose()
             await runtime.drain(drain_s)
-            await runtime.aclose()
+            try:
+                await runtime.aclose()
+            finally:
+                await telemetry.aclose()
             # A hosted model's connection pool belongs to this event loop, which ends here.
             aclose = getattr(agent.model, "aclose", None)
             if aclose is not None:

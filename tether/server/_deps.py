@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from fastapi import Request
 
 from ..runtime import Runtime
 from ..store import Store
+from ..telemetry import Telemetry
+from ..telemetry._context import incoming
 from ._access import Access
 from ._auth import principal_of
 from ._limits import Limits, StreamSlots, TokenBuckets
@@ -76,3 +79,14 @@ def run_admission_of(request: Request) -> asyncio.Semaphore:
     """How many run starts may be under way at once in this process (``RUN_ADMISSION``)."""
     admission: asyncio.Semaphore = request.app.state.run_admission
     return admission
+
+
+def telemetry_of(request: Request) -> Telemetry:
+    """The application's telemetry (spans, histograms)."""
+    telemetry: Telemetry = request.app.state.telemetry
+    return telemetry
+
+
+def incoming_trace_of(request: Request) -> contextlib.AbstractContextManager[None]:
+    """While a run starts: the request's W3C ``traceparent`` becomes the run's parent."""
+    return incoming(request.headers.get("traceparent"))

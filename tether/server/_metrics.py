@@ -2,7 +2,8 @@
 
 Counts that live in the database (runs by status, pending interrupts) are read at scrape
 time; in-process figures (executing runs, open event streams, events published and the transactions
-that committed them, model tokens consumed, runs taken over) come from the runtime. Each application has its own registry, so several apps in one process do not clash.
+that committed them, model tokens consumed, runs taken over) come from the runtime, and the
+latency histograms from the telemetry (:mod:`tether.telemetry._histograms`). Each application has its own registry, so several apps in one process do not clash.
 ``prometheus_client`` is imported at the first scrape (``_prometheus``).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ._deps import access_of, runtime_of, store_of
+from ._deps import access_of, runtime_of, store_of, telemetry_of
 
 router = APIRouter(tags=["ops"])
 
@@ -37,5 +38,6 @@ async def metrics(request: Request) -> Response:
         input_tokens=runtime.tokens.input_tokens,
         output_tokens=runtime.tokens.output_tokens,
         taken_over=runtime.taken_over,
+        histograms=telemetry_of(request).histograms.all(),
     )
     return Response(exposition.render(snapshot), media_type=_prometheus.CONTENT_TYPE_LATEST)

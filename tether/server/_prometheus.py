@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..store import RunStatus
+from ..telemetry._histograms import Histogram
 
 __all__ = ["CONTENT_TYPE_LATEST", "Exposition", "Snapshot"]
 
@@ -31,6 +32,7 @@ class Snapshot:
     input_tokens: int = 0
     output_tokens: int = 0
     taken_over: int = 0
+    histograms: list[Histogram] = field(default_factory=list)
 
 
 class _Collector(Collector):
@@ -61,6 +63,11 @@ class _Collector(Collector):
             "Runs this process took over: from a process that died or was stopped, or left unfinished by the previous start.",
             value=s.taken_over,
         )
+        for histogram in s.histograms:
+            family = HistogramMetricFamily(histogram.name, histogram.help, labels=list(histogram.labels))
+            for labels, (_, total) in sorted(histogram.series.items()):
+                family.add_metric(list(labels), histogram.cumulative(labels), sum_value=total[0])
+            yield family
 
 
 class Exposition:

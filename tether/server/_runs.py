@@ -8,7 +8,20 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import InvalidRequest, LimitExceeded
-from ._deps import access_of, actor_of, caller_of, limits_of, run_admission_of, run_start_buckets_of, runtime_of, sse_ping_s_of, store_of, stream_slots_of
+from ._deps import (
+    access_of,
+    actor_of,
+    caller_of,
+    incoming_trace_of,
+    limits_of,
+    run_admission_of,
+    run_start_buckets_of,
+    runtime_of,
+    sse_ping_s_of,
+    store_of,
+    stream_slots_of,
+    telemetry_of,
+)
 from ._limits import check_rate
 from ._openapi import EVENT_STREAM
 from ._schemas import CancelRun, CreateRun, SteeringMessage
@@ -53,19 +66,24 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
         content = body.input.content if body.input is not None else None
         at_leaf = "parent_id" not in body.model_fields_set
         if not wants_event_stream(request):
-            run = await runtime.start_run(thread_id, content=content, parent_id=body.parent_id, use_active_leaf=at_leaf, config=body.config, requester=caller)
+            with incoming_trace_of(request):  # the caller's traceparent: the run's parent
+                run = await runtime.start_run(
+                    thread_id, content=content, parent_id=body.parent_id, use_active_leaf=at_leaf, config=body.config, requester=caller
+                )
             return JSONResponse(run_view(run), status_code=202, headers=_started_headers(run.id))
         release = stream_slots_of(request).acquire(caller)
         try:
             # The stream follows the run from before it exists: it gets every event, and
             # begins without reading the store back.
-            run, feed = await runtime.start_followed_run(
-                thread_id, content=content, parent_id=body.parent_id, use_active_leaf=at_leaf, config=body.config, requester=caller
-            )
+            with incoming_trace_of(request):  # the caller's traceparent: the run's parent
+                run, feed = await runtime.start_followed_run(
+                    thread_id, content=content, parent_id=body.parent_id, use_active_leaf=at_leaf, config=body.config, requester=caller
+                )
         except BaseException:
             release()
             raise
-    return sse_response(feed, release=release, ping_s=sse_ping_s_of(request), headers=_started_headers(run.id))
+    lag = telemetry_of(request).histograms.stream_lag
+    return sse_response(feed, release=release, ping_s=sse_ping_s_of(request), headers=_started_headers(run.id), lag=lag)
 
 
 def _started_headers(run_id: str) -> dict[str, str]:
@@ -111,7 +129,8 @@ async def run_events(
     store = store_of(request)
     if wants_event_stream(request):
         release = stream_slots_of(request).acquire(caller_of(request))
-        return sse_response(runtime_of(request).feed(run.id, after_seq=start), release=release, ping_s=sse_ping_s_of(request))
+        lag = telemetry_of(request).histograms.stream_lag
+        return sse_response(runtime_of(request).feed(run.id, after_seq=start), release=release, ping_s=sse_ping_s_of(request), lag=lag)
     page = await store.read_events(run.id, after_seq=start, limit=limit)
     # The stored envelopes verbatim: the very same bytes the stream sends.
     body = '{"items":[' + ",".join(e.envelope for e in page) + "]}"

@@ -13,6 +13,7 @@ socket's flow control: a reader that does not read holds one chunk, not the run.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
 from contextlib import aclosing
 
@@ -23,6 +24,8 @@ from ..errors import Overloaded
 from ..events import TERMINAL_TYPES
 from ..runtime import FellBehind, RunFeed, StreamEnded
 from ..sse import PING, encode_comment, encode_event, encode_retry
+from ..telemetry._histograms import Histogram
+from ..telemetry._trace import ts_ns
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
@@ -50,7 +53,7 @@ class _Last(str):
     __slots__ = ()
 
 
-async def _sse_body(feed: RunFeed, ping_s: float) -> AsyncGenerator[str, None]:
+async def _sse_body(feed: RunFeed, ping_s: float, lag: Histogram | None = None) -> AsyncGenerator[str, None]:
     first = encode_retry(RETRY_MS)
     if not feed.starts_live:
         # A follower's stream: ``retry:`` at once, before anything else is there.
@@ -62,6 +65,8 @@ async def _sse_body(feed: RunFeed, ping_s: float) -> AsyncGenerator[str, None]:
     try:
         async for batch in feed.follow(idle_timeout=ping_s, stop_when_behind=True):
             ends = bool(batch) and batch[-1].type in TERMINAL_TYPES
+            if lag is not None and batch:  # how far behind its run this stream writes
+                lag.observe(max(time.time_ns() - ts_ns(batch[-1].envelope), 0) / 1e9)
             if not batch:
                 chunks: Iterable[str] = (PING,)
             elif len(batch) == 1:  # a live stream's usual batch: one token
@@ -183,6 +188,7 @@ def sse_response(
     ping_s: float = 15.0,
     status_code: int = 200,
     headers: dict[str, str] | None = None,
+    lag: Histogram | None = None,
 ) -> EventStreamResponse:
     """Stream a run's ``feed`` (:meth:`~tether.runtime.Runtime.feed`): replay, live tail, close
     after the terminal event.
@@ -190,6 +196,7 @@ def sse_response(
     The body ends when the client disconnects; that only unsubscribes, the run goes on.
     ``release`` gives the stream's slot back when the response ends; the feed is closed then
     too (a body that never ran did not close it).
+    ``lag`` counts, per written batch, how long after its newest event's emission it is written.
     """
 
     def release_all() -> None:
@@ -199,7 +206,7 @@ def sse_response(
             release()
 
     return EventStreamResponse(
-        _sse_body(feed, ping_s),
+        _sse_body(feed, ping_s, lag),
         status_code=status_code,
         headers={**SSE_HEADERS, **(headers or {})},
         release=release_all,

@@ -134,6 +134,8 @@ class RunRecord:
     requested_by: str | None = None
     #: Tokens consumed: ``{"input_tokens", "output_tokens", "calls": [{"message_id", "input_tokens", "output_tokens"}, …]}``.
     usage: dict[str, Any] | None = None
+    #: The W3C ``traceparent`` the run's spans continue (None until tracing gave it one).
+    trace_context: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -313,6 +315,7 @@ def run_record(row: Any) -> RunRecord:
         lease_expires_at=row.lease_expires_at,
         requested_by=row.requested_by,
         usage=row.usage,
+        trace_context=row.trace_context,
     )
 
 

@@ -282,6 +282,12 @@ class RunStore(EventStore):
         async with self._writing() as conn:
             return await _add_usage(conn, run_id, message_id, input_tokens, output_tokens)
 
+    async def set_trace_context(self, run_id: str, traceparent: str) -> bool:
+        """Give the run the trace context its stretches continue, unless it has one already."""
+        async with self._writing() as conn:
+            result = await conn.execute(runs.update().where(runs.c.id == run_id, runs.c.trace_context.is_(None)).values(trace_context=traceparent))
+            return bool(result.rowcount)
+
     async def store_turn(self, run_id: str, turn: TurnOutcome) -> None:
         """A model turn's final state and the tokens its call consumed, in one transaction."""
         async with self._writing() as conn:

@@ -123,6 +123,8 @@ runs = sa.Table(
     sa.Column("requested_by", sa.String(200), nullable=True),
     # Tokens the run's model calls consumed: totals and one entry per call (see RunStore.add_usage).
     sa.Column("usage", JSONType, nullable=True),
+    # The W3C traceparent that every stretch of the run continues (tether.telemetry).
+    sa.Column("trace_context", sa.String(64), nullable=True),
     sa.Index("ix_runs_thread", "thread_id", "created_at"),
     sa.Index("ix_runs_requested_by_status", "requested_by", "status"),
     sa.Index("ix_runs_status_lease", "status", "lease_expires_at"),
