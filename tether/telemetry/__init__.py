@@ -88,6 +88,10 @@ class Telemetry(RunObserver):
     @classmethod
     def from_environment(cls, agent: Agent, store: Store, *, tracer_provider: ApiTracerProvider | None = None, contents: bool = False) -> Telemetry:
         """Telemetry whose spans go to ``tracer_provider``, else where ``OTEL_*`` says (if anywhere)."""
+        import os
+
+        # The variable OpenTelemetry's GenAI instrumentations read for the same opt-in.
+        contents = contents or os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower() == "true"
         own = None
         if tracer_provider is None:
             own = tracer_provider_from_environment()
