@@ -66,9 +66,18 @@ def ts_ns(envelope: str) -> int:
     return _parse(envelope[at : at + 27])
 
 
+#: (text up to the seconds, its seconds since the epoch): events of one second share it.
+_last_second: tuple[str, int] = ("", 0)
+
+
 def _parse(text: str) -> int:
-    # "2026-11-30T20:00:00.123456Z": the seconds through datetime, the microseconds exactly.
-    seconds = int(datetime.fromisoformat(text[:19]).replace(tzinfo=UTC).timestamp())
+    # "2026-11-30T20:00:00.123456Z": the seconds through datetime (once a second), the
+    # microseconds exactly.
+    global _last_second
+    head, seconds = _last_second
+    if text[:19] != head:
+        seconds = int(datetime.fromisoformat(text[:19]).replace(tzinfo=UTC).timestamp())
+        _last_second = (text[:19], seconds)
     return seconds * 1_000_000_000 + int(text[20:26]) * 1000
 
 
