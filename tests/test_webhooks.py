@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -25,6 +26,8 @@ from .conftest import LiveServer, free_port, script
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 pytestmark = pytest.mark.anyio
+#: A receiver's delay meaning "until ``Receiver.release`` is set".
+HOLD = -1.0
 
 REFUND_THEN_WRAP_UP = (
     {"text": "I will refund it.", "tool_calls": [{"name": "refund", "args": {"order_id": "A1", "amount": 5}}]},
@@ -39,6 +42,10 @@ class Receiver:
         self.answer = answer or (lambda _id, _n: (200, {}, 0.0))
         self.received: list[dict[str, Any]] = []
         self.bad_signatures = 0
+        #: An answer with the delay ``HOLD`` waits until this is set.
+        self.release = threading.Event()
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.lock = threading.Lock()
         self._server = uvicorn.Server(
             uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", log_config=None, interface="asgi3", lifespan="off")
@@ -66,10 +73,20 @@ class Receiver:
             attempt = sum(1 for r in self.received if r["id"] == headers.get("webhook-id")) + 1
             self.received.append({"id": headers.get("webhook-id"), "payload": payload, "attempt": attempt})
         status, extra, delay = self.answer(headers.get("webhook-id", ""), attempt)
-        if delay:
-            await asyncio.sleep(delay)
-        await send({"type": "http.response.start", "status": status, "headers": [(k.encode(), v.encode()) for k, v in extra.items()]})
-        await send({"type": "http.response.body", "body": b"ok"})
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if delay == HOLD:
+                while not self.release.is_set():
+                    await asyncio.sleep(0.01)
+            elif delay:
+                await asyncio.sleep(delay)
+            await send({"type": "http.response.start", "status": status, "headers": [(k.encode(), v.encode()) for k, v in extra.items()]})
+            await send({"type": "http.response.body", "body": b"ok"})
+        finally:
+            with self.lock:
+                self.in_flight -= 1
 
     def start(self) -> Receiver:
         self._thread.start()
@@ -226,3 +243,119 @@ def test_settings_refuse_bad_secrets_and_filters() -> None:
 @pytest.fixture
 def sqlite_db_url(tmp_path: Any) -> str:
     return f"sqlite:///{tmp_path / 'tether.db'}"
+
+
+IN_TWO_SECONDS = "<an HTTP date two seconds ahead>"
+
+
+class Plans:
+    """A receiver's answers by the order in which webhook-ids first arrive: ``plans[i][attempt]``."""
+
+    def __init__(self, *plans: dict[int, tuple[int, dict[str, str], float]]) -> None:
+        self.plans = plans
+        self.order: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, webhook_id: str, attempt: int) -> tuple[int, dict[str, str], float]:
+        with self.lock:
+            if webhook_id not in self.order:
+                self.order.append(webhook_id)
+            plan = self.plans[min(self.order.index(webhook_id), len(self.plans) - 1)]
+        status, headers, delay = plan.get(attempt, (200, {}, 0.0))
+        if headers.get("retry-after") == IN_TWO_SECONDS:  # an HTTP date, made as the answer goes out
+            when = datetime.now(UTC) + timedelta(seconds=2)
+            headers = {**headers, "retry-after": when.strftime("%a, %d %b %Y %H:%M:%S GMT")}
+        return status, headers, delay
+
+
+async def finished_delivery(http: httpx.AsyncClient, webhook_id: str, timeout: float = 20) -> dict[str, Any]:
+    """The delivery once it is delivered or failed, with its attempt log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        one = (await http.get(f"/v1/webhooks/deliveries/{webhook_id}")).json()
+        if one.get("status") in ("delivered", "failed"):
+            return one  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, one
+        await asyncio.sleep(0.05)
+
+
+async def run_once(client: AsyncClient, text: str = "hello") -> None:
+    thread = await client.create_thread()
+    run = await client.start_run(thread["id"], script({"text": text}))
+    await client.wait_for_run(run["id"])
+
+
+async def test_a_retry_after_of_inf_or_1e12_or_past_the_period_never_stops_the_sender(db_url: str) -> None:
+    plans = Plans(
+        # Not integer seconds nor an HTTP date: ignored, retried on the schedule.
+        {1: (503, {"retry-after": "inf"}, 0.0), 2: (503, {"retry-after": "1e12"}, 0.0), 3: (429, {"retry-after": IN_TWO_SECONDS}, 0.0)},
+        # Far beyond the retry period: clamped to it, so the delivery fails (and is recorded).
+        {1: (503, {"retry-after": "99999999999999999999"}, 0.0)},
+    )
+    live = Receiver(plans).start()
+    server = LiveServer(build_demo_agent(ScriptedModel()), db_url, webhooks=settings(live.url, retry_period_s=3600.0)).start()
+    try:
+        async with AsyncClient(server.url) as client, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            await run_once(client)
+            await wait_for(lambda: len(plans.order) == 1)
+            await run_once(client, "again")
+            await wait_for(lambda: len(plans.order) == 2)
+            first = await finished_delivery(http, plans.order[0])
+            assert first["status"] == "delivered"
+            assert [(a["status_code"], a["outcome"]) for a in first["attempt_log"]] == [(503, "retry"), (503, "retry"), (429, "retry"), (200, "ok")]
+            # The HTTP date was honoured: the last attempt waited for it (the schedule says 0.2 s).
+            third, fourth = (datetime.fromisoformat(a["started_at"].replace("Z", "+00:00")) for a in first["attempt_log"][2:])
+            assert (fourth - third).total_seconds() >= 0.9
+            second = await finished_delivery(http, plans.order[1])
+            assert second["status"] == "failed" and [a["outcome"] for a in second["attempt_log"]] == ["failed"]
+    finally:
+        server.stop()
+        live.stop()
+
+
+async def test_every_non_2xx_but_410_is_retried_and_a_redirect_fails(db_url: str) -> None:
+    plans = Plans(
+        {1: (404, {}, 0.0), 2: (401, {}, 0.0), 3: (400, {}, 0.0)},  # a receiver mid-deploy
+        {1: (302, {"location": "http://169.254.169.254/"}, 0.0)},
+    )
+    live = Receiver(plans).start()
+    server = LiveServer(build_demo_agent(ScriptedModel()), db_url, webhooks=settings(live.url)).start()
+    try:
+        async with AsyncClient(server.url) as client, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            await run_once(client)
+            await wait_for(lambda: len(plans.order) == 1)
+            await run_once(client, "again")
+            await wait_for(lambda: len(plans.order) == 2)
+            first = await finished_delivery(http, plans.order[0])
+            assert first["status"] == "delivered"
+            assert [(a["status_code"], a["outcome"]) for a in first["attempt_log"]] == [(404, "retry"), (401, "retry"), (400, "retry"), (200, "ok")]
+            second = await finished_delivery(http, plans.order[1])
+            assert second["status"] == "failed" and [(a["status_code"], a["outcome"]) for a in second["attempt_log"]] == [(302, "failed")]
+            assert len([r for r in live.delivered() if r["id"] == plans.order[1]]) == 1  # never followed, never retried
+    finally:
+        server.stop()
+        live.stop()
+
+
+async def test_a_redeliver_while_the_delivery_is_in_flight_is_refused(db_url: str) -> None:
+    live = Receiver(lambda _id, n: (200, {}, HOLD if n == 1 else 0.0)).start()
+    hooks = settings(live.url, timeout_s=30.0, lease_s=60.0)
+    server = LiveServer(build_demo_agent(ScriptedModel()), db_url, webhooks=hooks).start()
+    try:
+        async with AsyncClient(server.url) as client, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            await run_once(client)
+            await wait_for(lambda: len(live.delivered()) == 1)  # the first attempt is held open
+            webhook_id = live.delivered()[0]["id"]
+            busy = await http.post(f"/v1/webhooks/deliveries/{webhook_id}/redeliver")
+            assert busy.status_code == 409 and busy.json()["error"]["code"] == "delivery_in_flight", busy.text
+            live.release.set()
+            assert (await finished_delivery(http, webhook_id))["status"] == "delivered"
+            again = await http.post(f"/v1/webhooks/deliveries/{webhook_id}/redeliver")
+            assert again.status_code == 200 and again.json()["status"] == "pending"
+            await wait_for(lambda: len(live.delivered()) == 2)
+            assert {r["id"] for r in live.delivered()} == {webhook_id}
+            assert (await finished_delivery(http, webhook_id))["status"] == "delivered"
+        assert live.max_in_flight == 1  # never the same webhook-id twice at once
+    finally:
+        server.stop()
+        live.stop()

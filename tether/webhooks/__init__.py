@@ -20,13 +20,17 @@ if TYPE_CHECKING:
 __all__ = ["EVENT_TYPES", "Endpoint", "WebhookSettings", "check_secret", "parse_endpoint", "start_webhooks"]
 
 
-async def start_webhooks(store: Store, settings: WebhookSettings) -> Sender:
-    """Give ``store`` its outbox writer and start this process's sender (close it with ``aclose``)."""
+async def start_webhooks(store: Store, settings: WebhookSettings, *, auth: str = "open") -> Sender:
+    """Give ``store`` its outbox writer and start this process's sender (close it with ``aclose``).
+
+    ``auth`` is the server's auth mode: it decides whether loopback and private addresses may be
+    delivered to when ``settings.allow_private_targets`` does not say."""
     from . import _tables  # noqa: F401  # the outbox's tables, on the store's metadata
     from ._outbox import Outbox
     from ._sender import Sender
 
-    sender = Sender(store, settings)
+    allow_private = settings.allow_private_targets if settings.allow_private_targets is not None else auth == "open"
+    sender = Sender(store, settings, allow_private=allow_private)
     store.outbox = Outbox(settings, wake=sender.wake)
     sender.start()
     return sender

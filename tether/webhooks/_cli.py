@@ -54,6 +54,12 @@ def webhook_options(fn: Callable[..., None]) -> Callable[..., None]:
         ),
         click.option("--webhook-allow-host", multiple=True, help="A host webhooks may be sent to; repeatable. Given: every other host is refused."),
         click.option(
+            "--webhook-allow-private/--webhook-refuse-private",
+            default=None,
+            help="Whether webhooks may go to loopback and private addresses (127.0.0.1, 10.0.0.0/8, fc00::/7, …). "
+            "Default: allowed with --auth open, refused with --auth keys.",
+        ),
+        click.option(
             "--webhook-secret-file",
             default=None,
             type=click.Path(dir_okay=False, path_type=Path),
@@ -93,6 +99,7 @@ def settings_from_options(options: dict[str, Any]) -> WebhookSettings | None:
             schedule=schedule,
             retry_period_s=float(options.get("webhook_period_seconds") or 86400.0),
             allow_hosts=tuple(options.get("webhook_allow_host") or ()),
+            allow_private_targets=options.get("webhook_allow_private"),
             lease_s=float(options.get("webhook_lease_seconds") or 60.0),
             timeout_s=float(options.get("webhook_timeout_seconds") or 15.0),
         )

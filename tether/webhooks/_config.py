@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["EVENT_TYPES", "DEFAULT_SCHEDULE", "Endpoint", "WebhookSettings", "parse_endpoint", "check_secret"]
@@ -89,8 +90,16 @@ class WebhookSettings:
     max_response_bytes: int = 65536
     #: Hosts deliveries may go to (empty: any host but the refused addresses).
     allow_hosts: tuple[str, ...] = ()
-    #: Refuse link-local and cloud metadata addresses (169.254.0.0/16, fe80::/10, …).
+    #: Check the addresses a host resolves to: never link-local or cloud metadata ones
+    #: (169.254.0.0/16, fe80::/10, …, also embedded in IPv6), private ones only when allowed.
     refuse_link_local: bool = True
+    #: Whether loopback and private addresses (127.0.0.0/8, 10.0.0.0/8, fc00::/7, …) may be
+    #: delivered to. ``None``: allowed when the server's auth mode is ``open`` (loopback clients
+    #: only, a developer's machine), refused in ``keys`` mode.
+    allow_private_targets: bool | None = None
+    #: Resolves a host to its addresses (``None``: the system's resolver). A delivery connects
+    #: to the first address this answers, after checking every one.
+    resolver: Callable[[str], Awaitable[Sequence[str]]] | None = field(default=None, repr=False, compare=False)
     #: A sender's claim on a delivery; a sender killed mid-delivery loses it after this long.
     lease_s: float = 60.0
     #: How often a sender looks for due deliveries when nothing woke it.

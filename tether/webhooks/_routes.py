@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Query, Request
 
 from .._ids import utcnow
-from ..errors import NotFound
+from ..errors import Conflict, NotFound
 from ..events import format_ts
 from ..server._deps import access_of
 
@@ -83,7 +83,10 @@ async def get_delivery(request: Request, delivery_id: str) -> dict[str, Any]:
 
 @router.post("/v1/webhooks/deliveries/{delivery_id}/redeliver")
 async def redeliver(request: Request, delivery_id: str) -> dict[str, Any]:
-    """Send a delivery again, with the same ``webhook-id`` (admin): it is pending, due now."""
+    """Send a delivery again, with the same ``webhook-id`` (admin): it is pending, due now.
+
+    409 ``delivery_in_flight`` while a sender holds it (its lease is live): clearing that lease
+    would send the same ``webhook-id`` twice at once."""
     access_of(request).require("admin")
     from ._tables import webhook_outbox as o
 
@@ -94,11 +97,16 @@ async def redeliver(request: Request, delivery_id: str) -> dict[str, Any]:
         if row is None:
             raise NotFound(f"webhook delivery {delivery_id[:64]!r} not found", code="delivery_not_found")
         # created_at restarts too: the retry period counts from the redelivery.
-        await conn.execute(
+        free = sa.or_(o.c.lease_expires_at.is_(None), o.c.lease_expires_at < now)
+        changed = await conn.execute(
             o.update()
-            .where(o.c.seq == row.seq)
+            .where(o.c.seq == row.seq, free)
             .values(status="pending", next_attempt_at=now, created_at=now, attempts=0, lease_owner=None, lease_expires_at=None, finished_at=None)
         )
+        if changed.rowcount != 1:
+            raise Conflict(
+                f"webhook delivery {delivery_id[:64]!r} is being sent right now; redeliver it once that attempt is recorded", code="delivery_in_flight"
+            )
         found = (await conn.execute(sa.select(o).where(o.c.seq == row.seq))).first()
     sender = getattr(request.app.state, "webhooks", None)
     if sender is not None:

@@ -32,13 +32,13 @@ log = logging.getLogger("tether.webhooks")
 class Sender:
     """Sends the outbox's deliveries for every configured endpoint, one task per endpoint."""
 
-    def __init__(self, store: Store, settings: WebhookSettings) -> None:
+    def __init__(self, store: Store, settings: WebhookSettings, *, allow_private: bool) -> None:
         from standardwebhooks import Webhook  # only when webhooks are configured
 
         self.store = store
         self.settings = settings
         self._signer = Webhook(settings.secret)
-        self._client = SafeClient(settings)
+        self._client = SafeClient(settings, allow_private=allow_private)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -157,7 +157,11 @@ class Sender:
             except Exception as exc:  # timeouts, refused connections, resets
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             duration_ms = int((time.monotonic() - t0) * 1000)
-            outcome, next_at = self._judge(row, attempt, status_code, retry_after, refused=refused)
+            try:
+                outcome, next_at = self._judge(row, attempt, status_code, retry_after, refused=refused)
+            except Exception:  # never lose the attempt: it is recorded, and retried on the schedule
+                log.warning("webhooks: judging attempt %s of %s failed; retrying it", attempt, row.id)
+                outcome, next_at = "retry", utcnow() + timedelta(seconds=self.settings.lease_s)
             if status_code is not None and not 200 <= status_code < 300 and error is None:
                 error = f"HTTP {status_code}"
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -173,13 +177,17 @@ class Sender:
             return "ok", None
         if status == 410:
             return "disabled", None
-        # Redirects and other 4xx are failures; 429, 5xx, timeouts and connection errors retry.
-        retryable = status is None or status == 429 or status >= 500
-        if refused or not retryable or attempt >= len(self.settings.schedule):
+        # Standard Webhooks retries every other answer: a receiver answering 404 or 401 for a
+        # minute during its own deploy must not lose the notification. A redirect is never
+        # followed (it could lead anywhere), so it fails; so does a refused target.
+        redirect = status is not None and 300 <= status < 400
+        if refused or redirect or attempt >= len(self.settings.schedule):
             return "failed", None
         delay = self.settings.schedule[attempt] * random.uniform(0.9, 1.1)  # jitter, not a secret
         if retry_after is not None:
             delay = max(delay, retry_after)
+        # Past the period it fails anyway: a delay beyond it (a huge Retry-After) cannot overflow.
+        delay = min(delay, self.settings.retry_period_s)
         next_at = utcnow() + timedelta(seconds=delay)
         if next_at > row.created_at + timedelta(seconds=self.settings.retry_period_s):
             return "failed", None
