@@ -232,10 +232,12 @@ def free_port() -> int:
 class ServerProcess:
     """``tether demo`` in a child process (for tests that kill the server)."""
 
-    def __init__(self, db_url: str, log_path: Path, *, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, db_url: str, log_path: Path, *, extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.db_url = db_url
         self.log_path = log_path
         self.extra_args = extra_args
+        #: Extra environment of the server process.
+        self.env = env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -247,7 +249,7 @@ class ServerProcess:
             [sys.executable, "-m", "tether.cli", "demo", "--port", str(self.port), "--db", self.db_url, "--log-level", "warning", *self.extra_args],
             stdout=log,
             stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         log.close()
         deadline = time.monotonic() + 30

@@ -127,6 +127,41 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
     )
 
 
+def _mount_mcp(agent: Agent, options: dict[str, Any]) -> None:
+    """Mount the MCP servers of the ``--mcp`` options on ``agent``."""
+    specs = options.pop("mcp_specs", ())
+    env_options = options.pop("mcp_env", ())
+    if not specs:
+        if env_options:
+            raise click.UsageError("--mcp-env names a server given with --mcp")
+        return
+    from .mcp import Secret, parse_mcp_option
+
+    env: dict[str, dict[str, str | Secret]] = {}
+    for option in env_options:
+        server, _, variable = option.partition(":")
+        if not server or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
+            raise click.BadParameter(f"{option!r}: expected SERVER:VARIABLE", param_hint="--mcp-env")
+        env.setdefault(server, {})[variable] = Secret(env=variable)
+    servers = []
+    for spec in specs:
+        try:
+            servers.append(parse_mcp_option(spec, env=env))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--mcp") from None
+    unknown = set(env) - {s.name for s in servers}
+    if unknown:
+        raise click.BadParameter(f"no --mcp server is named {', '.join(sorted(unknown))}", param_hint="--mcp-env")
+    try:
+        import mcp  # noqa: F401  (the SDK; imported when a server connects)
+    except ImportError:
+        raise click.UsageError("--mcp needs the MCP SDK: pip install 'tether[mcp]'") from None
+    try:
+        agent.mount_mcp(servers)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--mcp") from None
+
+
 def _model_from_option(spec: str | None, base_url: str | None) -> Model | None:
     """The model ``--model`` names, or None when it was not given."""
     if not spec:
@@ -208,6 +243,20 @@ def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
         help="Processes serving the port, under a supervisor that replaces a dead one (default: the number of cores with PostgreSQL, 1 with SQLite and for tether demo; above 1 needs PostgreSQL).",
     )(fn)
     fn = webhook_options(fn)
+    fn = click.option(
+        "--mcp",
+        "mcp_specs",
+        multiple=True,
+        metavar="SPEC",
+        help="Mount an MCP server's tools: 'stdio:COMMAND ARGS…' or an http(s):// URL, optionally NAME=SPEC; repeatable (see docs/mcp.md).",
+    )(fn)
+    fn = click.option(
+        "--mcp-env",
+        "mcp_env",
+        multiple=True,
+        metavar="SERVER:VAR",
+        help="Pass the environment variable VAR of this process to the stdio MCP server SERVER (its value never on the command line); repeatable.",
+    )(fn)
     fn = click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))(fn)
     fn = click.option("--db", "db", default=None, help="Database URL (sqlite:///path or postgresql://…).")(fn)
     fn = click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))(fn)
@@ -242,6 +291,7 @@ def serve(
     model = _model_from_option(model_spec, openai_base_url)
     if model is not None:
         agent.model = model
+    _mount_mcp(agent, options)
     _run_server(agent, host, port, db or default_db_url("tether"), log_level, lease_seconds, max_connections, options)
 
 
@@ -263,8 +313,10 @@ def demo(
 
     _auth_mode(host, options["auth"])
     options["workers"] = options["workers"] or 1  # a demo is one process unless asked
+    agent = build_demo_agent(_model_from_option(model_spec, openai_base_url))
+    _mount_mcp(agent, options)
     _run_server(
-        build_demo_agent(_model_from_option(model_spec, openai_base_url)),
+        agent,
         host,
         port,
         db or default_db_url("demo"),

@@ -22,10 +22,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from .errors import ToolArgsError
 
-__all__ = ["tool", "Tool", "ToolContext", "Sensitive", "Risk", "Decision", "mask_value", "ToolArgsError"]
+__all__ = ["tool", "Tool", "ToolContext", "Sensitive", "Risk", "RiskSource", "Decision", "mask_value", "ToolArgsError"]
 
 Risk = Literal["read_only", "reversible", "destructive"]
 Decision = Literal["approve", "reject", "edit", "respond"]
+#: Where a tool's tier came from (see :attr:`Tool.risk_source`).
+RiskSource = Literal["author", "annotation", "spec default", "untrusted server"]
 RISK_ORDER: dict[str, int] = {"read_only": 0, "reversible": 1, "destructive": 2}
 DEFAULT_APPROVAL_TTL_S = 600.0
 
@@ -71,19 +73,17 @@ class Tool:
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"tool {fn.__name__!r} must be an async function")
-        if risk not in RISK_ORDER:
-            raise ValueError(f"unknown risk tier {risk!r}")
         self.fn = fn
-        self.name = name or fn.__name__
-        self.description = description or inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0] or self.name
-        self.risk: Risk = risk
-        self.approval_ttl_s = approval_ttl_s
-        self.describe_template = describe
-        #: Whether a reviewer's ``edit`` may change a sensitive argument (never reveal it).
-        self.allow_sensitive_edit = allow_sensitive_edit
-        #: Whether an approve (or edit) must come from a principal other than the run's requester.
-        self.four_eyes = four_eyes
-        self.allowed_decisions: tuple[Decision, ...] = tuple(allowed_decisions) if allowed_decisions is not None else ("approve", "reject", "edit")
+        self._init_review(
+            name=name or fn.__name__,
+            description=description or inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0] or name or fn.__name__,
+            risk=risk,
+            allowed_decisions=allowed_decisions,
+            approval_ttl_s=approval_ttl_s,
+            describe=describe,
+            allow_sensitive_edit=allow_sensitive_edit,
+            four_eyes=four_eyes,
+        )
 
         hints = get_type_hints(fn, include_extras=True)
         fields: dict[str, Any] = {}
@@ -98,8 +98,59 @@ class Tool:
                 sensitive.add(param.name)
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[param.name] = (annotation, default)
-        self.sensitive_args = frozenset(sensitive)
+        #: The arguments masked wherever a call is shown (``Annotated[str, Sensitive]``).
+        self.sensitive_args: frozenset[str] = frozenset(sensitive)
         self.args_model: type[BaseModel] = create_model(f"{self.name}_args", __config__=ConfigDict(extra="forbid"), **fields)
+
+    def _init_review(
+        self,
+        *,
+        name: str,
+        description: str,
+        risk: Risk,
+        allowed_decisions: tuple[Decision, ...] | None,
+        approval_ttl_s: float,
+        describe: str | None,
+        allow_sensitive_edit: bool,
+        four_eyes: bool,
+        risk_source: RiskSource = "author",
+    ) -> None:
+        """Set what every kind of tool has: its name, description, tier and review settings."""
+        if risk not in RISK_ORDER:
+            raise ValueError(f"unknown risk tier {risk!r}")
+        self.name = name
+        self.description = description
+        self.risk: Risk = risk
+        #: Where the tier came from: the author's code (``author``), or for a tool of an MCP
+        #: server its annotations (``annotation``), the spec's defaults for a tool without them
+        #: (``spec default``) or the server not being trusted (``untrusted server``).
+        self.risk_source: RiskSource = risk_source
+        self.approval_ttl_s = approval_ttl_s
+        self.describe_template = describe
+        #: Whether a reviewer's ``edit`` may change a sensitive argument (never reveal it).
+        self.allow_sensitive_edit = allow_sensitive_edit
+        #: Whether an approve (or edit) must come from a principal other than the run's requester.
+        self.four_eyes = four_eyes
+        self.allowed_decisions: tuple[Decision, ...] = tuple(allowed_decisions) if allowed_decisions is not None else ("approve", "reject", "edit")
+
+    @property
+    def origin(self) -> str | None:
+        """Where the tool comes from when it is not the author's Python code (``mcp:<server>``)."""
+        return None
+
+    def describe_tool(self) -> dict[str, Any]:
+        """The tool as an agent's description lists it (``GET /v1/agent``)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "risk": self.risk,
+            "risk_source": self.risk_source,
+            "source": self.origin or "python",
+            "allowed_decisions": list(self.allowed_decisions),
+            "four_eyes": self.four_eyes,
+            "sensitive_args": sorted(self.sensitive_args),
+            "parameters": self.json_schema(),
+        }
 
     def __repr__(self) -> str:
         return f"<Tool {self.name} risk={self.risk}>"

@@ -34,6 +34,8 @@ summarises them. Otherwise, on the last user message, case-insensitive:
 - ``sleep 3`` (or ``wait 3``) → ``sleep(seconds=3)``
 - ``order A100`` → ``get_order(order_id="A100")``
 - ``ask <question>`` → ``ask_user(question=<question>)``
+- ``call <tool> {"arg": …}`` → that tool with those arguments (any tool the agent has, e.g. one of
+  a mounted MCP server's: ``call write_file {"path": "/srv/notes/a.txt", "content": "hi"}``)
 - ``long`` → a long streamed answer (good for trying Stop)
 - anything else → a short help text listing these rules.
 
@@ -57,7 +59,7 @@ __all__ = ["ScriptedModel", "parse_script"]
 HELP_TEXT = (
     "I am the scripted demo model. Try: 'order A100', 'refund 25 on order A100', "
     "'note remember the milk', 'email bob@example.com hello', 'charge 4242424242424242 10', "
-    "'sleep 3', 'ask what colour', or 'long' for a long answer you can stop."
+    "'sleep 3', 'ask what colour', 'call <tool> {\"arg\": 1}' for any tool, or 'long' for a long answer you can stop."
 )
 
 
@@ -157,6 +159,13 @@ class ScriptedModel:
 
     @staticmethod
     def _keyword_call(text: str, tools: set[str]) -> dict[str, Any] | None:
+        named = re.match(r"\s*call\s+([A-Za-z0-9_-]+)\s*(\{.*\})?\s*$", text, re.I | re.S)
+        if named and named.group(1) in tools:
+            try:
+                args = json.loads(named.group(2) or "{}")
+            except ValueError:
+                args = named.group(2)  # the tool's validation tells the model what is wrong
+            return {"name": named.group(1), "args": args}
         lower = text.lower()
         number = re.search(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])", text)
         order = re.search(r"order\s*#?\s*([A-Za-z0-9-]+)", text, re.I)

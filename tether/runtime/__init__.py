@@ -156,6 +156,8 @@ class Runtime:
         self.writer.start()
         if self.agent.on_startup is not None:
             await self.agent.on_startup(self.store)
+        # Mounted MCP servers first (bounded): the runs recovered next find their tools.
+        await self.agent.open_tools()
         await self.takeover.recover()
         self._spawn(self._sweep_forever(), "interrupt-sweeper")
         self._spawn(self.takeover.keep_leases(), "lease-keeper")
@@ -198,6 +200,7 @@ class Runtime:
             await self.writer.aclose()  # after the runs: their logs commit through it
             await self.takeover.release(executing)
         finally:
+            await self.agent.close_tools()
             if self._owns_store:
                 try:
                     await self.bus.aclose()
@@ -381,12 +384,13 @@ class Runtime:
             raise
         public: list[dict[str, Any]] = []
         entries: list[AuditEntry] = []
+        asked = {r["call_id"]: r["args"] for r in interrupt.action_requests}
         for call, decision in zip(gated, normalised, strict=True):
             call.decision = decision
-            tool = self.agent.tools[call.name]
+            tool = self.agent.tools.get(call.name)  # None: gone since it was asked (only reject is allowed)
             shown = {k: v for k, v in decision.items() if k != "args"}
             details: dict[str, Any] | None = None
-            if decision["decision"] == "edit":
+            if decision["decision"] == "edit" and tool is not None:
                 shown["args"] = tool.mask(decision["args"])
                 details = {"original_args": tool.mask(call.args), "edited_args": shown["args"]}
             public.append(shown)
@@ -399,7 +403,7 @@ class Runtime:
                     interrupt_id,
                     call.id,
                     call.name,
-                    args_digest(tool.mask(call.args)),
+                    args_digest(tool.mask(call.args) if tool is not None else asked.get(call.id, {})),
                     decision=decision["decision"],
                     reason=decision.get("reason"),
                     outcome="accepted",

@@ -14,7 +14,7 @@ or respond: stopping an action never needs a second person.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import FieldError, Forbidden, InvalidRequest
@@ -46,6 +46,9 @@ def action_request(tool: Tool, call_id: str, args: dict[str, Any], *, four_eyes:
     """What a reviewer is shown for one gated call (sensitive args masked); ``four_eyes: true``
     when its approval needs someone other than the requester."""
     request: dict[str, Any] = {"call_id": call_id, "action": tool.name, "args": tool.mask(args), "description": tool.description_for(args), "risk": tool.risk}
+    if tool.origin is not None:  # a tool of an MCP server: where it and its tier come from
+        request["source"] = tool.origin
+        request["risk_source"] = tool.risk_source
     if four_eyes:
         request["four_eyes"] = True
     return request
@@ -75,7 +78,7 @@ def _edited_args(tool: Tool, index: int, original: dict[str, Any], edited: dict[
         raise InvalidRequest(f"edited arguments are invalid: {exc}", code="invalid_edited_args", fields=fields) from None
 
 
-def check_decisions(tools: dict[str, Tool], gated_calls: Sequence[CallItem], decisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def check_decisions(tools: Mapping[str, Tool], gated_calls: Sequence[CallItem], decisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Validate one decision per gated call, in order; all or nothing.
 
     Returns the decisions normalised for execution (``edit`` carries the real, validated
@@ -111,7 +114,7 @@ def check_decisions(tools: dict[str, Tool], gated_calls: Sequence[CallItem], dec
 
 
 def check_four_eyes(
-    tools: dict[str, Tool],
+    tools: Mapping[str, Tool],
     policy: FourEyesPolicy,
     action_requests: Sequence[dict[str, Any]],
     normalised: Sequence[dict[str, Any]],

@@ -162,7 +162,12 @@ class CheckpointRecovery:
                 data = logged.results[call.id]
                 call.settle(data["status"], result=data.get("result"), error=data.get("error"), reason=data.get("reason"))
                 continue
-            if tool is None:
+            may_have_run = (call.decision or {}).get("decision") in ("approve", "edit") or not (announced or {}).get("gated")
+            if tool is None and announced is not None and announced.get("risk") != "read_only" and may_have_run:
+                # Its tool is gone now (an MCP server not up again after the restart), and it may
+                # have run: its outcome is unknown, and it is never run again on its own.
+                call.settle("unknown", reason=f"the server stopped while this ran, and {call.name!r} is not available now; its outcome is unknown")
+            elif tool is None:
                 call.settle("error", error=f"unknown tool {call.name!r}")
             elif call.decision is not None and call.decision["decision"] in ("reject", "respond", "expired"):
                 call.apply_decision()  # decided, never run

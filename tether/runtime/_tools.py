@@ -12,7 +12,7 @@ result per call in the model's order, and the run goes on.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from ._segment import Segment
 
 __all__ = ["ToolCalls"]
+
+
+def _masked(tool: Tool | None, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` as the audit may keep them (all masked when the tool, and so what is sensitive, is unknown)."""
+    return tool.mask(args) if tool is not None else {k: "****" for k in args}
 
 
 class ToolCalls:
@@ -77,7 +82,7 @@ class ToolCalls:
                         self._resume.id if self._resume else None,
                         c.id,
                         c.name,
-                        args_digest(seg.agent.tools[c.name].mask(c.args)),
+                        args_digest(_masked(seg.agent.tools.get(c.name), c.args)),
                         outcome=c.status or "cancelled",
                     )
                     for c in calls
@@ -86,9 +91,11 @@ class ToolCalls:
 
     async def _run_tool(self, call: CallItem) -> None:
         seg = self._segment
-        tool: Tool = seg.agent.tools[call.name]
+        tool: Tool | None = seg.agent.tools.get(call.name)
         ctx = ToolContext(run_id=seg.run.id, thread_id=seg.run.thread_id, call_id=call.id)
         try:
+            if tool is None:  # an MCP server's tool its server no longer lists
+                raise LookupError(f"tool {call.name!r} is no longer available")
             value = await tool.call(tool.validate(call.args), ctx)
         except anyio.get_cancelled_exc_class():
             call.settle("cancelled", reason="run cancelled (hard)")

@@ -42,11 +42,25 @@ def tool_message_content(status: ToolStatus, result: Any, error: str | None, rea
     ``TOOL_CALL_RESULT`` carries (:mod:`tether.agui`), so a streamed result and a stored one read
     the same."""
     if status == "ok":
-        return json.dumps(result, ensure_ascii=False)
+        return json.dumps(_described(result), ensure_ascii=False)
     if status == "responded":
         return str(result)
     detail = {k: v for k, v in (("error", error), ("reason", reason)) if v}
     return json.dumps({"status": status, **detail}, ensure_ascii=False)
+
+
+def _described(value: Any) -> Any:
+    """A result as the model reads it: binary content (an MCP tool's image, audio or blob, in
+    base64) described in words instead of pasted in; people see it whole in the event."""
+    if isinstance(value, list):
+        return [_described(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    binary = "data" if value.get("type") in ("image", "audio") else "blob" if "blob" in value and "uri" in value else None
+    described = {k: _described(v) for k, v in value.items() if k != binary}
+    if binary is not None and isinstance(value.get(binary), str):
+        described[binary] = f"[{len(value[binary]) * 3 // 4:,} bytes of {value.get('mimeType', 'binary data')}, shown to the user, not here]"
+    return described
 
 
 @dataclass(slots=True)

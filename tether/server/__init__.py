@@ -27,7 +27,7 @@ from ..store import Principal
 from ..telemetry import Telemetry
 from ..webhooks import WebhookSettings, start_webhooks
 from ..webhooks import _routes as webhook_routes
-from . import _agui, _auth, _inbox, _metrics, _resume, _runs, _threads
+from . import _agent, _agui, _auth, _inbox, _metrics, _resume, _runs, _threads
 from ._auth import Authenticate, AuthMode, principal_of
 from ._deps import caller_of, request_buckets_of
 from ._errors import install_error_handlers
@@ -113,7 +113,7 @@ def create_app(
         app.state.store = runtime.store
         telemetry = Telemetry.from_environment(agent, runtime.store, tracer_provider=tracer_provider, contents=trace_contents)
         runtime.observer = app.state.telemetry = telemetry
-        sender = await start_webhooks(runtime.store, webhooks, auth=auth) if webhooks is not None else None
+        sender = await start_webhooks(runtime.store, webhooks, auth=auth, telemetry=telemetry) if webhooks is not None else None
         app.state.webhooks = sender
         try:
             await runtime.start()
@@ -156,6 +156,7 @@ def create_app(
     # Rate limits run after authentication (a middleware), so they count per principal.
     counted = [Depends(_count_request)]
     app.include_router(_auth.router, dependencies=counted)
+    app.include_router(_agent.router, dependencies=counted)
     app.include_router(_threads.router, dependencies=counted)
     app.include_router(_threads.messages_router, dependencies=counted)
     app.include_router(_runs.router, dependencies=counted)
