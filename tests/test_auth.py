@@ -167,6 +167,7 @@ def everyone(expect: Expect = OK, **options: Any) -> Case:
 
 NOT_THREAD, NOT_RUN, NOT_MESSAGE = (404, "thread_not_found"), (404, "run_not_found"), (404, "message_not_found")
 NOT_DELIVERY = (404, "delivery_not_found")
+NOT_ENDPOINT = (404, "endpoint_not_found")
 READ_ONLY = (403, "not_the_owner")
 ADMIN_ONLY = (403, "role_required")
 
@@ -197,6 +198,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/webhooks/deliveries"): Case(ADMIN_ONLY, ADMIN_ONLY, ADMIN_ONLY),
     ("GET", "/v1/webhooks/deliveries/{delivery_id}"): Case(ADMIN_ONLY, ADMIN_ONLY, ADMIN_ONLY, NOT_DELIVERY),
     ("POST", "/v1/webhooks/deliveries/{delivery_id}/redeliver"): Case(ADMIN_ONLY, ADMIN_ONLY, ADMIN_ONLY, NOT_DELIVERY),
+    # The world has no webhook endpoints: the admin gets an empty list, and the 404.
+    ("GET", "/v1/webhooks/endpoints"): Case(ADMIN_ONLY, ADMIN_ONLY, ADMIN_ONLY),
+    ("POST", "/v1/webhooks/endpoints/{endpoint_id}/enable"): Case(ADMIN_ONLY, ADMIN_ONLY, ADMIN_ONLY, NOT_ENDPOINT),
     # AG-UI answers with a 200 stream; a refusal is its RUN_ERROR (status in metadata.tether).
     ("GET", "/v1/agui/capabilities"): everyone(),
     ("POST", "/v1/agui/connect"): Case(OK, NOT_THREAD, OK, body=lambda w: agui_input(w.thread_a, [])),
@@ -238,7 +242,13 @@ def error_code(response: httpx.Response) -> str | None:
 
 
 def fill(template: str, world: World) -> str:
-    ids = {"thread_id": world.thread_a, "run_id": world.run_a, "message_id": world.answer_a, "delivery_id": "msg_no_such_delivery"}
+    ids = {
+        "thread_id": world.thread_a,
+        "run_id": world.run_a,
+        "message_id": world.answer_a,
+        "delivery_id": "msg_no_such_delivery",
+        "endpoint_id": "ep_no_such_endpoint",
+    }
     return re.sub(r"\{(\w+)\}", lambda m: ids[m.group(1)], template)
 
 

@@ -38,7 +38,7 @@ REFUND_THEN_WRAP_UP = (
 class Receiver:
     """Records every request (verified or not); ``answer(webhook_id, attempt)`` picks the reply."""
 
-    def __init__(self, answer: Callable[[str, int], tuple[int, dict[str, str], float]] | None = None) -> None:
+    def __init__(self, answer: Callable[[str, int], tuple[int, dict[str, str], float]] | None = None, *, port: int = 0) -> None:
         self.answer = answer or (lambda _id, _n: (200, {}, 0.0))
         self.received: list[dict[str, Any]] = []
         self.bad_signatures = 0
@@ -48,7 +48,7 @@ class Receiver:
         self.max_in_flight = 0
         self.lock = threading.Lock()
         self._server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", log_config=None, interface="asgi3", lifespan="off")
+            uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning", log_config=None, interface="asgi3", lifespan="off")
         )
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self.url = ""
@@ -71,7 +71,7 @@ class Receiver:
             payload = None
         with self.lock:
             attempt = sum(1 for r in self.received if r["id"] == headers.get("webhook-id")) + 1
-            self.received.append({"id": headers.get("webhook-id"), "payload": payload, "attempt": attempt})
+            self.received.append({"id": headers.get("webhook-id"), "payload": payload, "attempt": attempt, "traceparent": headers.get("traceparent")})
         status, extra, delay = self.answer(headers.get("webhook-id", ""), attempt)
         with self.lock:
             self.in_flight += 1

@@ -113,7 +113,7 @@ def create_app(
         app.state.store = runtime.store
         telemetry = Telemetry.from_environment(agent, runtime.store, tracer_provider=tracer_provider, contents=trace_contents)
         runtime.observer = app.state.telemetry = telemetry
-        sender = await start_webhooks(runtime.store, webhooks, auth=auth) if webhooks is not None else None
+        sender = await start_webhooks(runtime.store, webhooks, auth=auth, telemetry=telemetry) if webhooks is not None else None
         app.state.webhooks = sender
         try:
             await runtime.start()

@@ -31,12 +31,13 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..runtime._observer import RunObserver
 from ._context import current_run, incoming_trace, outbound_headers, parse_traceparent
 from ._histograms import Histograms
+from ._outbound import OutboundSpan
 from ._setup import tracer_provider_from_environment
 from ._trace import ModelInfo, RunTrace, datetime_ns, ts_ns
 
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from ..store import InterruptRecord, RunRecord, Store
     from ._spans import SpanMaker
 
-__all__ = ["Telemetry", "Histograms", "outbound_headers", "incoming_trace", "describe_model"]
+__all__ = ["Telemetry", "Histograms", "OutboundSpan", "outbound_headers", "incoming_trace", "describe_model"]
 
 log = logging.getLogger("tether.telemetry")
 
@@ -158,6 +159,11 @@ class Telemetry(RunObserver):
                 trace = self._first_stretch(run_id, stored.envelope)
             elif kind in _TERMINAL:
                 self._aside_task(self._ended_elsewhere(run_id, kind, stored.envelope, now))
+
+    def outbound_span(self, name: str, *, traceparent: str | None, attributes: Mapping[str, Any]) -> OutboundSpan:
+        """A CLIENT span of a request Tether sends itself (a webhook), begun now under a run's
+        stored ``traceparent``; its :attr:`~OutboundSpan.traceparent` goes with the request."""
+        return OutboundSpan(self._maker, name, traceparent, attributes)
 
     def model_call_ended(self, run_id: str, usage: Usage) -> None:
         trace = self._runs.get(run_id)

@@ -41,6 +41,13 @@ def webhook_options(fn: Callable[..., None]) -> Callable[..., None]:
             help="How long a sender's claim on a delivery lasts (another process sends it after a crash).",
         ),
         click.option(
+            "--webhook-retention-days",
+            default=30.0,
+            show_default=True,
+            type=click.FloatRange(min=0, min_open=True),
+            help="How long delivered and failed deliveries (and their attempts) are kept before they are purged.",
+        ),
+        click.option(
             "--webhook-period-seconds",
             default=86400.0,
             show_default=True,
@@ -102,6 +109,7 @@ def settings_from_options(options: dict[str, Any]) -> WebhookSettings | None:
             allow_private_targets=options.get("webhook_allow_private"),
             lease_s=float(options.get("webhook_lease_seconds") or 60.0),
             timeout_s=float(options.get("webhook_timeout_seconds") or 15.0),
+            retention_s=float(options.get("webhook_retention_days") or 30.0) * 86400.0,
         )
     except (OSError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -109,6 +109,12 @@ class WebhookSettings:
     #: An idle sender woken by a change waits this long before it claims, so that a burst of
     #: changes goes out from one claim and the requests that made them are answered first.
     coalesce_s: float = 0.25
+    #: Delivered, failed, skipped and disabled deliveries (and their attempts) are deleted this
+    #: long after they finished.
+    retention_s: float = 30 * 86400.0
+    #: How often a sender purges what is past its retention and fails what is past its retry
+    #: period (also once at start).
+    maintenance_s: float = 600.0
 
     def __post_init__(self) -> None:
         check_secret(self.secret)
@@ -116,3 +122,5 @@ class WebhookSettings:
             raise ValueError("configure at least one webhook endpoint")
         if not self.schedule or self.retry_period_s <= 0 or self.timeout_s <= 0 or self.lease_s <= self.timeout_s:
             raise ValueError("webhook schedule, period and timeout must be positive, the lease longer than the timeout")
+        if self.retention_s <= 0 or self.maintenance_s <= 0:
+            raise ValueError("webhook retention and maintenance period must be positive")

@@ -54,9 +54,12 @@ class Outbox:
                     "event_type": event_type,
                     "thread_id": thread_id,
                     "interrupt_id": interrupt_id,
+                    # Every payload names its run: its trace context goes with the delivery.
+                    "run_id": data.get("run_id"),
                     "body": body,
                     "status": "pending",
-                    "created_at": now,
+                    # The retry period counts from when it is due, not from the change.
+                    "created_at": not_before or now,
                     "next_attempt_at": not_before or now,
                     "attempts": 0,
                 }

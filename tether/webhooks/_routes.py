@@ -1,4 +1,5 @@
-"""Admin routes of webhook deliveries: list them with their attempts, and redeliver one."""
+"""Admin routes of webhooks: list deliveries with their attempts, redeliver one; list the
+endpoints with their stored state, and enable one a 410 disabled."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from .._ids import utcnow
 from ..errors import Conflict, NotFound
 from ..events import format_ts
-from ..server._deps import access_of
+from ..server._deps import access_of, actor_of
 
 __all__ = ["router"]
 
@@ -112,3 +113,52 @@ async def redeliver(request: Request, delivery_id: str) -> dict[str, Any]:
     if sender is not None:
         sender.wake()
     return _delivery(found)
+
+
+def _endpoints_of(request: Request) -> list[Any]:
+    """The endpoints this process is configured with (none without webhooks)."""
+    sender = getattr(request.app.state, "webhooks", None)
+    return list(sender.settings.endpoints) if sender is not None else []
+
+
+def _endpoint(endpoint: Any, state: Any) -> dict[str, Any]:
+    import httpx  # a server with webhooks has it loaded already
+
+    # The URL without credentials or query (either may hold a token).
+    url = httpx.URL(endpoint.url).copy_with(username=None, password=None, query=None, fragment=None)
+    disabled = state is not None and state.disabled_at is not None
+    return {
+        "id": endpoint.id,
+        "url": str(url),
+        "events": sorted(endpoint.events) if endpoint.events is not None else None,
+        "status": "disabled" if disabled else "enabled",
+        "disabled_at": _ts(state.disabled_at) if disabled else None,
+        "disabled_reason": state.disabled_reason if disabled else None,
+        "updated_at": _ts(state.updated_at) if state is not None else None,
+        "updated_by": state.updated_by if state is not None else None,
+    }
+
+
+@router.get("/v1/webhooks/endpoints")
+async def list_endpoints(request: Request) -> dict[str, Any]:
+    """The configured endpoints with their state, shared by every process (admin)."""
+    access_of(request).require("admin")
+    from ._endpoints import states
+
+    endpoints = _endpoints_of(request)
+    known = await states(request.app.state.store, [e.id for e in endpoints])
+    return {"endpoints": [_endpoint(e, known.get(e.id)) for e in endpoints]}
+
+
+@router.post("/v1/webhooks/endpoints/{endpoint_id}/enable")
+async def enable_endpoint(request: Request, endpoint_id: str) -> dict[str, Any]:
+    """Enable an endpoint again, in every process (admin); its ``disabled`` deliveries stay so."""
+    access_of(request).require("admin")
+    from ._endpoints import enable
+
+    endpoint = next((e for e in _endpoints_of(request) if e.id == endpoint_id), None)
+    if endpoint is None:
+        raise NotFound(f"webhook endpoint {endpoint_id[:64]!r} not found", code="endpoint_not_found")
+    state = await enable(request.app.state.store, endpoint.id, actor_of(request))
+    request.app.state.webhooks.wake()
+    return _endpoint(endpoint, state)

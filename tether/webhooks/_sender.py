@@ -1,6 +1,8 @@
 """The delivery worker: claims due deliveries with a lease (one sender at a time across
 processes; a killed sender's lease lapses), signs them by the Standard Webhooks spec, sends each
-in its own task, and records every attempt."""
+in its own task with the run's ``traceparent`` (and a span of its own), and records every
+attempt. An endpoint disabled by a 410 is skipped by every process (``_endpoints``); the
+outbox's upkeep runs on a timer (``_maintenance``)."""
 
 from __future__ import annotations
 
@@ -13,16 +15,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import sqlalchemy as sa
 
 from .._ids import utcnow
-from ..store._tables import interrupts
+from ..store._tables import interrupts, runs
 from ._client import Refused, SafeClient
 from ._config import Endpoint, WebhookSettings
+from ._endpoints import disable, disabled_reason, park_pending
+from ._maintenance import STALE_ERROR, fail_stale, purge_finished
 from ._tables import webhook_attempts, webhook_outbox
 
 if TYPE_CHECKING:
     from ..store import Store
+    from ..telemetry import OutboundSpan, Telemetry
 
 __all__ = ["Sender"]
 
@@ -32,11 +38,12 @@ log = logging.getLogger("tether.webhooks")
 class Sender:
     """Sends the outbox's deliveries for every configured endpoint, one task per endpoint."""
 
-    def __init__(self, store: Store, settings: WebhookSettings, *, allow_private: bool) -> None:
+    def __init__(self, store: Store, settings: WebhookSettings, *, allow_private: bool, telemetry: Telemetry | None = None) -> None:
         from standardwebhooks import Webhook  # only when webhooks are configured
 
         self.store = store
         self.settings = settings
+        self.telemetry = telemetry
         self._signer = Webhook(settings.secret)
         self._client = SafeClient(settings, allow_private=allow_private)
         self._wake = asyncio.Event()
@@ -47,8 +54,6 @@ class Sender:
         self._attempts_ready = asyncio.Event()
         #: Attempts of this process by outcome (``ok``, ``retry``, ``failed``, ``disabled``).
         self.outcomes: dict[str, int] = {}
-        #: Endpoints that answered 410 Gone: this process sends them nothing more.
-        self.disabled: set[str] = set()
 
     def wake(self) -> None:
         self._wake.set()
@@ -57,6 +62,7 @@ class Sender:
         for endpoint in self.settings.endpoints:
             self._tasks.append(asyncio.create_task(self._serve(endpoint), name=f"webhooks {endpoint.id}"))
         self._tasks.append(asyncio.create_task(self._write_attempts(), name="webhooks attempts"))
+        self._tasks.append(asyncio.create_task(self._maintain(), name="webhooks upkeep"))
 
     async def aclose(self) -> None:
         for task in [*self._tasks, *self._in_flight]:
@@ -73,7 +79,7 @@ class Sender:
 
     async def _serve(self, endpoint: Endpoint) -> None:
         slots = asyncio.Semaphore(self.settings.concurrency)
-        while endpoint.id not in self.disabled:
+        while True:
             try:
                 free = self.settings.concurrency - len([t for t in self._in_flight if t.get_name() == endpoint.id])
                 rows = await self._claim(endpoint, free) if free > 0 else []
@@ -98,7 +104,20 @@ class Sender:
         self._in_flight.discard(task)
         self._wake.set()  # a thread's next delivery may now be due
 
-    async def _claim(self, endpoint: Endpoint, limit: int) -> list[Any]:
+    async def _maintain(self) -> None:
+        """Fail what is past its retry period and purge what is past its retention: at start
+        (after an outage nothing is sent days late), then every ``maintenance_s``."""
+        while True:
+            try:
+                stale = await fail_stale(self.store, self.settings.retry_period_s)
+                purged = await purge_finished(self.store, self.settings.retention_s)
+                if stale or purged:
+                    log.info("webhooks: %d deliveries past their retry period failed, %d past their retention purged", stale, purged)
+            except Exception as exc:  # the database is away: the next round does it
+                log.warning("webhooks: the outbox's upkeep failed (%s: %s); trying again later", type(exc).__name__, exc)
+            await asyncio.sleep(self.settings.maintenance_s)
+
+    async def _claim(self, endpoint: Endpoint, limit: int) -> list[_Claimed]:
         """The due heads of their threads (the oldest pending delivery of each thread), leased to this process."""
         now = utcnow()
         o, p = webhook_outbox, webhook_outbox.alias("earlier")
@@ -113,20 +132,35 @@ class Sender:
         )
         free = sa.or_(o.c.lease_expires_at.is_(None), o.c.lease_expires_at < now)
         query = (
-            sa.select(o.c.seq, o.c.id, o.c.body, o.c.attempts, o.c.created_at, o.c.event_type, o.c.interrupt_id)
+            sa.select(o.c.seq, o.c.id, o.c.body, o.c.attempts, o.c.created_at, o.c.event_type, o.c.interrupt_id, o.c.run_id)
             .where(o.c.seq.in_(heads), o.c.next_attempt_at <= now, free)
             .order_by(o.c.seq)
             .limit(limit)
         )
         if not self.store.is_sqlite:
             query = query.with_for_update(skip_locked=True, of=o)
+        period_start = now - timedelta(seconds=self.settings.retry_period_s)
         async with self.store._writing() as conn:
+            # Disabled (a 410, here or in another process): nothing is sent until an admin
+            # enables it; deliveries made meanwhile are parked as ``disabled`` too.
+            reason = await disabled_reason(conn, endpoint.id)
+            if reason is not None:
+                await park_pending(conn, endpoint.id, reason)
+                return []
             rows = list(await conn.execute(query))
+            # Past its retry period (the process was down, or the thread's earlier deliveries
+            # kept it waiting): failed, not sent late.
+            stale = [r for r in rows if r.created_at < period_start]
+            if stale:
+                await conn.execute(o.update().where(o.c.seq.in_([r.seq for r in stale]), free).values(status="failed", finished_at=now, last_error=STALE_ERROR))
+                self._wake.set()  # each thread's next delivery may now be due
+                rows = [r for r in rows if r.created_at >= period_start]
             if not rows:
                 return []
             until = now + timedelta(seconds=self.settings.lease_s)
             await conn.execute(o.update().where(o.c.seq.in_([r.seq for r in rows]), free).values(lease_owner=self.store.instance_id, lease_expires_at=until))
             claimed = []
+            contexts = await self._trace_contexts(conn, [r.run_id for r in rows if r.run_id])
             for row in rows:
                 if row.event_type == "interrupt.expiring" and row.interrupt_id:
                     status = (await conn.execute(sa.select(interrupts.c.status).where(interrupts.c.id == row.interrupt_id))).scalar()
@@ -135,10 +169,19 @@ class Sender:
                             o.update().where(o.c.seq == row.seq).values(status="skipped", finished_at=now, lease_owner=None, lease_expires_at=None)
                         )
                         continue
-                claimed.append(row)
+                claimed.append(_Claimed(row, contexts.get(row.run_id)))
             return claimed
 
-    async def _deliver(self, endpoint: Endpoint, row: Any, slots: asyncio.Semaphore) -> None:
+    @staticmethod
+    async def _trace_contexts(conn: Any, run_ids: list[str]) -> dict[str, str]:
+        """The stored trace context of each run that has one."""
+        if not run_ids:
+            return {}
+        found = await conn.execute(sa.select(runs.c.id, runs.c.trace_context).where(runs.c.id.in_(sorted(set(run_ids))), runs.c.trace_context.is_not(None)))
+        return {r.id: r.trace_context for r in found}
+
+    async def _deliver(self, endpoint: Endpoint, claimed: _Claimed, slots: asyncio.Semaphore) -> None:
+        row = claimed.row
         async with slots:
             started = utcnow()
             t0 = time.monotonic()
@@ -147,15 +190,22 @@ class Sender:
             retry_after: float | None = None
             error: str | None = None
             refused = False
+            span = self._span(endpoint, row, attempt, claimed.traceparent)
             try:
                 signature = self._signer.sign(row.id, started, row.body)
                 headers = {"webhook-id": row.id, "webhook-timestamp": str(int(started.timestamp())), "webhook-signature": signature}
+                traceparent = span.traceparent if span is not None else claimed.traceparent
+                if traceparent:
+                    headers["traceparent"] = traceparent
                 answer = await self._client.post(endpoint.url, row.body, headers)
                 status_code, retry_after = answer.status, answer.retry_after
             except Refused as exc:
                 error, refused = str(exc), True
             except Exception as exc:  # timeouts, refused connections, resets
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            finally:
+                if span is not None:
+                    span.end(status_code=status_code, error=_error_type(status_code, refused))
             duration_ms = int((time.monotonic() - t0) * 1000)
             try:
                 outcome, next_at = self._judge(row, attempt, status_code, retry_after, refused=refused)
@@ -165,12 +215,27 @@ class Sender:
             if status_code is not None and not 200 <= status_code < 300 and error is None:
                 error = f"HTTP {status_code}"
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-            if outcome == "disabled":
-                self.disabled.add(endpoint.id)
             # Recorded by the writer task; until then the row stays leased to this process, so
             # nothing sends it again (and if the process dies first, its lease lapses: resent).
             self._attempts.append(_Attempt(row.seq, row.id, endpoint.id, attempt, started, duration_ms, status_code, outcome, error, next_at))
             self._attempts_ready.set()
+
+    def _span(self, endpoint: Endpoint, row: Any, attempt: int, traceparent: str | None) -> OutboundSpan | None:
+        """This attempt's span, in the trace of the run the delivery tells of."""
+        if self.telemetry is None or not self.telemetry.tracing:
+            return None
+        url = httpx.URL(endpoint.url)
+        attributes = {
+            "http.request.method": "POST",
+            "url.full": str(url.copy_with(query=None, fragment=None, username=None, password=None)),
+            "server.address": url.host,
+            "server.port": url.port or (443 if url.scheme == "https" else 80),
+            "tether.webhook.id": row.id,
+            "tether.webhook.type": row.event_type,
+            "tether.webhook.attempt": attempt,
+            "tether.run.id": row.run_id or "",
+        }
+        return self.telemetry.outbound_span(f"webhook {row.event_type}", traceparent=traceparent, attributes=attributes)
 
     def _judge(self, row: Any, attempt: int, status: int | None, retry_after: float | None, *, refused: bool) -> tuple[str, Any]:
         if status is not None and 200 <= status < 300:
@@ -244,13 +309,25 @@ class Sender:
                     await conn.execute(o.update().where(*mine).values(next_attempt_at=a.next_at, **done))
                 elif a.outcome == "failed":
                     await conn.execute(o.update().where(*mine).values(status="failed", finished_at=now, **done))
-                else:  # 410 Gone: the receiver asks for no more deliveries
+                else:  # 410 Gone: the receiver asks for no more deliveries, from any process
                     await conn.execute(o.update().where(*mine).values(status="disabled", finished_at=now, **done))
-                    await conn.execute(
-                        o.update()
-                        .where(o.c.endpoint == a.endpoint, o.c.status == "pending")
-                        .values(status="disabled", finished_at=now, last_error="endpoint answered 410 Gone")
-                    )
+                    await disable(conn, self.store.is_sqlite, a.endpoint, f"endpoint answered 410 Gone (delivery {a.outbox_id})")
+                    log.warning("webhooks: endpoint %s answered 410 Gone: disabled for every process until an admin enables it", a.endpoint)
+
+
+def _error_type(status_code: int | None, refused: bool) -> str | None:
+    """A failed attempt's ``error.type`` (its status code, or what stood for an answer)."""
+    if status_code is not None:
+        return None if 200 <= status_code < 300 else str(status_code)
+    return "refused" if refused else "no_answer"
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    """A claimed delivery and its run's stored trace context."""
+
+    row: Any
+    traceparent: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
-"""The webhook outbox, its delivery attempts and the stored ``Idempotency-Key`` answers.
+"""The webhook outbox, its delivery attempts, the endpoints' stored state, and the stored
+``Idempotency-Key`` answers.
 
-On the store's own metadata (migration 0009 creates them), so the outbox rows are written by
-the very transaction that commits the change they announce.
+On the store's own metadata (migrations 0009 and 0011 create them), so the outbox rows are
+written by the very transaction that commits the change they announce.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sqlalchemy as sa
 
 from ..store._tables import Timestamp, metadata
 
-__all__ = ["webhook_outbox", "webhook_attempts", "idempotency_keys"]
+__all__ = ["webhook_outbox", "webhook_attempts", "webhook_endpoints", "idempotency_keys"]
 
 webhook_outbox = sa.Table(
     "webhook_outbox",
@@ -23,10 +24,14 @@ webhook_outbox = sa.Table(
     sa.Column("event_type", sa.String(40), nullable=False),
     sa.Column("thread_id", sa.String(64), nullable=False),
     sa.Column("interrupt_id", sa.String(64), nullable=True),
+    # The run it tells of: its stored trace context is sent as ``traceparent``.
+    sa.Column("run_id", sa.String(64), nullable=True),
     # The body sent, ``{"type", "timestamp", "data"}``, as its exact JSON text.
     sa.Column("body", sa.Text, nullable=False),
     # pending | delivered | failed | skipped | disabled
     sa.Column("status", sa.String(16), nullable=False),
+    # When it became due (``interrupt.expiring``: the lead before the expiry; a redelivery: then):
+    # its retry period counts from here.
     sa.Column("created_at", Timestamp, nullable=False),
     # Not sent before (``interrupt.expiring``: the lead before the expiry) and the next retry.
     sa.Column("next_attempt_at", Timestamp, nullable=False),
@@ -38,6 +43,8 @@ webhook_outbox = sa.Table(
     sa.Column("finished_at", Timestamp, nullable=True),
     sa.Index("ix_webhook_outbox_due", "status", "next_attempt_at"),
     sa.Index("ix_webhook_outbox_order", "endpoint", "thread_id", "status", "seq"),
+    # Finished rows are purged after the retention, oldest first.
+    sa.Index("ix_webhook_outbox_finished", "finished_at"),
 )
 
 webhook_attempts = sa.Table(
@@ -56,6 +63,18 @@ webhook_attempts = sa.Table(
     sa.Index("ix_webhook_attempts_outbox", "outbox_id", "attempt"),
 )
 
+#: An endpoint's state, shared by every process: a row once it was disabled (a 410) or enabled
+#: again by an admin; no row is an enabled endpoint.
+webhook_endpoints = sa.Table(
+    "webhook_endpoints",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("disabled_at", Timestamp, nullable=True),
+    sa.Column("disabled_reason", sa.Text, nullable=True),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("updated_by", sa.String(200), nullable=True),
+)
+
 idempotency_keys = sa.Table(
     "idempotency_keys",
     metadata,
@@ -70,5 +89,10 @@ idempotency_keys = sa.Table(
     sa.Column("response", sa.Text, nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("expires_at", Timestamp, nullable=False),
+    # In flight: the request holding the key, and until when (renewed while it runs).
+    sa.Column("holder", sa.String(64), nullable=True),
+    sa.Column("lease_expires_at", Timestamp, nullable=True),
+    # What the holder created (a run or thread id), in the transaction that created it.
+    sa.Column("resource", sa.String(64), nullable=True),
     sa.Index("ix_idempotency_keys_expires", "expires_at"),
 )
