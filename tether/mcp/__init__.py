@@ -29,7 +29,7 @@ This module imports no MCP SDK: the official ``mcp`` package is imported when a 
 
 from __future__ import annotations
 
-from ._config import MCP, HttpServer, MCPServer, Secret, StdioServer, parse_mcp_option
+from ._config import MCP, HttpServer, MCPServer, Secret, ServerOptions, StdioServer, parse_mcp_option, parse_secret_value
 from ._connection import CallRefused, CallTimedOut, InvalidAnswer, MCPCallError, ServerConnection, ServerExited, ServerUnavailable
 from ._mounts import MCPMounts
 from ._results import ToolReportedError
@@ -41,7 +41,9 @@ __all__ = [
     "StdioServer",
     "HttpServer",
     "Secret",
+    "ServerOptions",
     "parse_mcp_option",
+    "parse_secret_value",
     "MCPMounts",
     "MCPTool",
     "tier_of",

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from ..tools import DEFAULT_APPROVAL_TTL_S, RISK_ORDER, Risk
 
-__all__ = ["MCP", "MCPServer", "StdioServer", "HttpServer", "Secret", "parse_mcp_option", "server_names"]
+__all__ = ["MCP", "MCPServer", "StdioServer", "HttpServer", "Secret", "ServerOptions", "parse_mcp_option", "parse_secret_value", "server_names"]
 
 #: What a server's name may hold: it prefixes its tools' names when two servers offer the same one.
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -241,11 +241,42 @@ def server_names(servers: Sequence[MCPServer]) -> None:
         seen.add(server.name)
 
 
-def parse_mcp_option(value: str, *, env: Mapping[str, Mapping[str, str | Secret]] | None = None) -> MCPServer:
+#: Header names whose values are secrets: never taken literally from a command line.
+_SECRET_HEADER = re.compile(r"authorization|cookie|token|secret|key|password", re.I)
+_PLACEHOLDER = re.compile(r"^(?P<prefix>[^$]*)\$\{(?P<file>file:)?(?P<source>[^}]+)\}$")
+
+
+def parse_secret_value(name: str, value: str) -> str | Secret:
+    """A header or environment value from a command line: ``Bearer ${MCP_TOKEN}`` (the variable
+    read when connecting) or ``${file:/run/secrets/token}`` (the file's content); a literal value
+    only for a name that does not look like a secret (``X-Org: acme``, not ``Authorization``)."""
+    match = _PLACEHOLDER.match(value)
+    if match:
+        if match["file"]:
+            return Secret(file=match["source"], prefix=match["prefix"])
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", match["source"]):
+            raise ValueError(f"{name}: {match['source']!r} is not an environment variable name")
+        return Secret(env=match["source"], prefix=match["prefix"])
+    if "${" in value:
+        raise ValueError(f"{name}: a placeholder (${{VAR}} or ${{file:PATH}}) must end the value")
+    if _SECRET_HEADER.search(name):
+        raise ValueError(f"{name} holds a secret: give it as ${{VAR}} or ${{file:PATH}}, never on the command line (where ps shows it)")
+    return value
+
+
+def parse_mcp_option(
+    value: str,
+    *,
+    env: Mapping[str, Mapping[str, str | Secret]] | None = None,
+    headers: Mapping[str, Mapping[str, str | Secret]] | None = None,
+    trusted: Collection[str] = (),
+) -> MCPServer:
     """One ``--mcp`` value: ``stdio:COMMAND ARGS…`` (split as a shell would) or an ``http(s)://``
     URL, optionally prefixed by ``NAME=`` (``--mcp "fs=stdio:npx -y @modelcontextprotocol/server-filesystem /srv"``).
 
-    ``env`` gives a stdio server's extra environment by server name (``--mcp-env``).
+    By server name: ``env`` is a stdio server's extra environment (``--mcp-env``), ``headers`` an
+    HTTP server's request headers (``--mcp-header``); ``trusted`` names servers whose annotations
+    are believed (``--mcp-trust``).
     """
     name: str | None = None
     head, sep, rest = value.partition("=")
@@ -256,7 +287,8 @@ def parse_mcp_option(value: str, *, env: Mapping[str, Mapping[str, str | Secret]
         if not argv:
             raise ValueError("--mcp stdio: needs a command, e.g. 'stdio:npx -y @modelcontextprotocol/server-filesystem /srv'")
         name = name or _name_of_command(argv[0], argv[1:])
-        return MCP.stdio(argv[0], *argv[1:], name=name, env=(env or {}).get(name))
+        return MCP.stdio(argv[0], *argv[1:], name=name, env=(env or {}).get(name), trust_annotations=True if name in trusted else None)
     if value.startswith(("http://", "https://")):
-        return MCP.http(value, name=name)
+        name = name or _name_of_url(value)
+        return MCP.http(value, name=name, headers=(headers or {}).get(name), trust_annotations=True if name in trusted else None)
     raise ValueError(f"--mcp {value!r}: expected 'stdio:COMMAND ARGS…' or an http(s):// URL")

@@ -138,6 +138,8 @@ class ServerConnection:
         self._up = anyio.Event()
         self._attempted = anyio.Event()
         self._changed = anyio.Event()
+        #: The last HTTP error status the server answered (streamable HTTP), for the reason.
+        self._http_refusal: str | None = None
 
     # -- the task that keeps the session up --------------------------------------------------
 
@@ -148,11 +150,14 @@ class ServerConnection:
             while True:
                 self._set("connecting", None)
                 started = time.monotonic()
+                self._http_refusal = None
                 try:
                     await self._session()
                     reason = "the server closed the connection"
                 except Exception as exc:  # any failure to connect or to stay connected: retried
                     reason = describe_failure(exc)
+                if self._http_refusal is not None:
+                    reason = f"{reason} ({self._http_refusal})"
                 if time.monotonic() - started > 2 * MAX_BACKOFF_S:
                     delay = 0.0  # it was up a good while: try again at once
                 self._set("unavailable", reason)
@@ -191,7 +196,15 @@ class ServerConnection:
         from mcp.shared._httpx_utils import create_mcp_http_client
 
         headers = {key: _value(value) for key, value in server.headers.items()}
-        return _with_client(server.url, create_mcp_http_client(headers=headers or None))
+        http = create_mcp_http_client(headers=headers or None)
+
+        async def note_refusal(response: Any) -> None:
+            # The SDK turns an HTTP error into a generic MCP error: keep the status for the reason.
+            if response.status_code >= 400:
+                self._http_refusal = f"HTTP {response.status_code} from {server.target()}"
+
+        http.event_hooks["response"].append(note_refusal)
+        return _with_client(server.url, http)
 
     async def _session(self) -> None:
         from mcp import Client
