@@ -230,12 +230,22 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``tether demo`` in a child process (for tests that kill the server)."""
+    """``tether demo`` in a child process (for tests that kill the server). ``python_args`` run
+    the CLI (``-c`` code that patches something first, then calls ``tether.cli.main()``)."""
 
-    def __init__(self, db_url: str, log_path: Path, *, extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        log_path: Path,
+        *,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        python_args: tuple[str, ...] = ("-m", "tether.cli"),
+    ) -> None:
         self.db_url = db_url
         self.log_path = log_path
         self.extra_args = extra_args
+        self.python_args = python_args
         #: Extra environment of the server process.
         self.env = env or {}
         self.port = free_port()
@@ -246,7 +256,7 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tether.cli", "demo", "--port", str(self.port), "--db", self.db_url, "--log-level", "warning", *self.extra_args],
+            [sys.executable, *self.python_args, "demo", "--port", str(self.port), "--db", self.db_url, "--log-level", "warning", *self.extra_args],
             stdout=log,
             stderr=log,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},

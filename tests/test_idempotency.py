@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
+from tether.demo import build_demo_agent
 from tether.store import Store
+from tether.store._tables import idempotency_keys
 
 from .conftest import LiveServer, ServerProcess, script
 
@@ -66,7 +71,7 @@ async def test_malformed_keys_and_refused_requests_are_not_stored(server: LiveSe
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         thread = (await http.post("/v1/threads", json={})).json()
         url = f"/v1/threads/{thread['id']}/runs"
-        for bad in ("no-quotes", '""', '"' + "x" * 256 + '"', '"tab\there"'):
+        for bad in ('""', '"' + "x" * 256 + '"', '"tab\there"', "x" * 256, "two words", 'half"quoted', "back\\slash"):
             answer = await http.post(url, json=start_body(), headers={"Idempotency-Key": bad})
             assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_idempotency_key", bad
         headers = {"Idempotency-Key": '"k-2"'}
@@ -110,3 +115,83 @@ async def test_fifty_racing_retries_across_two_postgres_processes_start_one_run(
     finally:
         for s in servers:
             s.stop()
+
+
+async def test_a_bare_key_is_the_same_key_as_its_quoted_form(server: LiveServer) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        thread = (await http.post("/v1/threads", json={})).json()
+        url = f"/v1/threads/{thread['id']}/runs"
+        key = "3f2a9c1e-8b7d-4e6f-a5c4-1d2e3f4a5b6c"  # Stripe's convention: a UUID, unquoted
+        bare = await http.post(url, json=start_body(), headers={"Idempotency-Key": key})
+        assert bare.status_code == 202, bare.text
+        quoted = await http.post(url, json=start_body(), headers={"Idempotency-Key": f'"{key}"'})
+        assert quoted.status_code == 202 and quoted.json()["id"] == bare.json()["id"]
+        assert quoted.headers["idempotent-replayed"] == "true"
+        # Any visible ASCII but the quote and the backslash, as sent.
+        odd = "order:A1/refund=1;v2"
+        first = await http.post("/v1/threads", json={}, headers={"Idempotency-Key": odd})
+        second = await http.post("/v1/threads", json={}, headers={"Idempotency-Key": f'"{odd}"'})
+        assert first.status_code == second.status_code == 201 and first.json()["id"] == second.json()["id"]
+        assert [r.id for r in await runs_of(server.db_url, thread["id"])] == [bare.json()["id"]]
+
+
+async def expired_keys(db_url: str, count: int, *, live: int = 0) -> None:
+    """``count`` keys past their retention and ``live`` keys within it, written as a day-old
+    server would have left them."""
+    store = await Store.open(db_url)
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "principal": "local",
+            "route": "/v1/threads",
+            "key": f"{'old' if i < count else 'new'}-{i}",
+            "body_hash": "0" * 64,
+            "state": "done",
+            "status_code": 201,
+            "content_type": "application/json",
+            "response": "{}",
+            "created_at": now - timedelta(hours=25 if i < count else 1),
+            "expires_at": now - timedelta(hours=1) if i < count else now + timedelta(hours=23),
+        }
+        for i in range(count + live)
+    ]
+    try:
+        async with store.transaction() as conn:
+            await conn.execute(idempotency_keys.insert(), rows)
+    finally:
+        await store.aclose()
+
+
+async def keys_left(db_url: str) -> set[str]:
+    store = await Store.open(db_url)
+    try:
+        async with store.connection() as conn:
+            return {row.key for row in await conn.execute(sa.select(idempotency_keys.c.key))}
+    finally:
+        await store.aclose()
+
+
+async def test_the_purge_deletes_expired_keys_in_bounded_batches(db_url: str) -> None:
+    await expired_keys(db_url, 7, live=2)
+    store = await Store.open(db_url)
+    try:
+        assert await store.purge_idempotency_keys(limit=3) == 3
+        assert await store.purge_idempotency_keys(limit=3) == 3
+        assert await store.purge_idempotency_keys(limit=3) == 1
+        assert await store.purge_idempotency_keys(limit=3) == 0
+    finally:
+        await store.aclose()
+    assert await keys_left(db_url) == {"new-7", "new-8"}
+
+
+async def test_a_server_purges_expired_keys_on_its_own_without_a_request(db_url: str) -> None:
+    await expired_keys(db_url, 1200, live=3)  # more than one batch
+    server = LiveServer(build_demo_agent(), db_url).start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(await keys_left(db_url)) > 3:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert await keys_left(db_url) == {"new-1200", "new-1201", "new-1202"}
+    finally:
+        server.stop()

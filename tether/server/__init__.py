@@ -32,7 +32,7 @@ from ._auth import Authenticate, AuthMode, principal_of
 from ._deps import caller_of, request_buckets_of
 from ._errors import install_error_handlers
 from ._guard import RefuseNul
-from ._idempotency import Idempotency
+from ._idempotency import Idempotency, purge_keys_forever
 from ._limits import RUN_ADMISSION, BodyLimit, Limits, StreamSlots, TokenBuckets, check_rate
 from ._openapi import ERROR_RESPONSES
 from ._ui import install_ui
@@ -115,10 +115,14 @@ def create_app(
         runtime.observer = app.state.telemetry = telemetry
         sender = await start_webhooks(runtime.store, webhooks, auth=auth, telemetry=telemetry) if webhooks is not None else None
         app.state.webhooks = sender
+        purging = asyncio.create_task(purge_keys_forever(runtime.store), name="idempotency purge")  # old keys, off the request path
         try:
             await runtime.start()
             yield
         finally:
+            purging.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purging
             if sender is not None:
                 await sender.aclose()
             await runtime.drain(drain_s)

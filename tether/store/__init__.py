@@ -15,6 +15,8 @@ each a part of :class:`Store` (which ``_store`` puts together); this module only
 - ``_events``: the event log and its notifications (channel names and payloads in ``notify``);
 - ``_interrupts``: interrupts, the approvals inbox and the audit log;
 - ``_keys``: API keys and the principals they stand for;
+- ``_idempotency``: ``Idempotency-Key`` records (claimed under a lease, answered, released,
+  purged) and what a keyed request created;
 - ``_lookup``: a resource with its thread's owner, in one query (for access checks).
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from ..events import StoredEvent
 from ._engine import normalize_db_url
+from ._idempotency import KEY_RETENTION, KeyClaim, KeyIdent, SeenKey, creating_under
 from ._lookup import Found
 from ._notify import CancelControl, ControlMessage, ReleasedControl
 from ._records import (
@@ -70,4 +73,9 @@ __all__ = [
     "args_digest",
     "run_record",
     "normalize_db_url",
+    "KeyIdent",
+    "KeyClaim",
+    "SeenKey",
+    "KEY_RETENTION",
+    "creating_under",
 ]

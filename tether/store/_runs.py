@@ -23,6 +23,7 @@ from ..events import CancelMode, Envelope, RunStarted, Status, StoredEvent
 from . import _notify as channels
 from ._engine import Writing
 from ._events import EventStore
+from ._idempotency import record_created, records
 from ._records import (
     ACTIVE_RUN_STATUSES,
     AuditEntry,
@@ -94,8 +95,9 @@ class RunStore(EventStore):
         :class:`ThreadBusy` if it already has a non-terminal run (the partial unique index
         decides, so this holds across processes).
         """
-        if self._direct is not None and use_active_leaf and content is not None:
+        if self._direct is not None and use_active_leaf and content is not None and not records("run"):
             # The usual start (a new message after the active leaf) on PostgreSQL: one statement.
+            # Not under an Idempotency-Key: recording the run on the key needs a transaction.
             return await self._create_run_at_leaf_postgres(
                 thread_id=thread_id, content=content, config=config, owner=owner, requested_by=requested_by, running=running, run_id=run_id
             )
@@ -167,6 +169,8 @@ class RunStore(EventStore):
             # The active leaf moves to the input, or past it to the first turn.
             await conn.execute(Hot.set_active_leaf, {"of_thread": thread_id, "leaf_id": (first_turn or message).id, "now": now})
             await self._write_events(conn, run_id, written)
+            # Under an Idempotency-Key: the key names this run, or the whole start rolls back.
+            await record_created(conn, "run", run_id)
             return CreatedRun(run, message, written, first_turn)
 
     async def _create_run_at_leaf_postgres(

@@ -23,6 +23,7 @@ __all__ = [
     "interrupts",
     "audit",
     "api_keys",
+    "idempotency_keys",
     "ACTIVE_RUN_STATUSES",
     "ACTIVE_RUN_SQL",
     "ONE_ACTIVE_RUN_INDEX",
@@ -227,6 +228,31 @@ api_keys = sa.Table(
     sa.Column("revoked_at", Timestamp, nullable=True),
     sa.Index("uq_api_keys_hash", "key_hash", unique=True),
     sa.Index("ix_api_keys_name", "name"),
+)
+
+
+#: ``Idempotency-Key`` records (migrations 0009, 0011): one per principal, route and key, kept
+#: 24 h; in flight under a short lease held by one request, then its kept answer.
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("principal", sa.String(200), primary_key=True),
+    sa.Column("route", sa.String(300), primary_key=True),
+    sa.Column("key", sa.String(255), primary_key=True),
+    sa.Column("body_hash", sa.String(64), nullable=False),
+    # in_flight | done
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("status_code", sa.Integer, nullable=True),
+    sa.Column("content_type", sa.String(100), nullable=True),
+    sa.Column("response", sa.Text, nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False),
+    # In flight: the request holding the key, and until when (renewed while it runs).
+    sa.Column("holder", sa.String(64), nullable=True),
+    sa.Column("lease_expires_at", Timestamp, nullable=True),
+    # What the holder created (a run or thread id), in the transaction that created it.
+    sa.Column("resource", sa.String(64), nullable=True),
+    sa.Index("ix_idempotency_keys_expires", "expires_at"),
 )
 
 

@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from .._ids import new_id, utcnow
 from ..errors import Conflict, FieldError, InvalidRequest, NotFound, ThreadBusy
 from ._engine import Reading, StoreBase, Writing
+from ._idempotency import record_created
 from ._records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
 from ._tables import Hot, has_active_run, messages, threads
 
@@ -37,6 +38,8 @@ class TreeStore(StoreBase):
                 await conn.execute(
                     threads.insert().values(id=record.id, owner=owner, metadata=record.metadata, active_leaf_id=None, created_at=now, updated_at=now)
                 )
+                # Under an Idempotency-Key: the key names this thread, or the insert rolls back.
+                await record_created(conn, "thread", record.id)
         except IntegrityError:
             if thread_id is None:
                 raise

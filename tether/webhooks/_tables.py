@@ -1,5 +1,4 @@
-"""The webhook outbox, its delivery attempts, the endpoints' stored state, and the stored
-``Idempotency-Key`` answers.
+"""The webhook outbox, its delivery attempts and the endpoints' stored state.
 
 On the store's own metadata (migrations 0009 and 0011 create them), so the outbox rows are
 written by the very transaction that commits the change they announce.
@@ -11,7 +10,7 @@ import sqlalchemy as sa
 
 from ..store._tables import Timestamp, metadata
 
-__all__ = ["webhook_outbox", "webhook_attempts", "webhook_endpoints", "idempotency_keys"]
+__all__ = ["webhook_outbox", "webhook_attempts", "webhook_endpoints"]
 
 webhook_outbox = sa.Table(
     "webhook_outbox",
@@ -73,26 +72,4 @@ webhook_endpoints = sa.Table(
     sa.Column("disabled_reason", sa.Text, nullable=True),
     sa.Column("updated_at", Timestamp, nullable=False),
     sa.Column("updated_by", sa.String(200), nullable=True),
-)
-
-idempotency_keys = sa.Table(
-    "idempotency_keys",
-    metadata,
-    sa.Column("principal", sa.String(200), primary_key=True),
-    sa.Column("route", sa.String(300), primary_key=True),
-    sa.Column("key", sa.String(255), primary_key=True),
-    sa.Column("body_hash", sa.String(64), nullable=False),
-    # in_flight | done
-    sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("status_code", sa.Integer, nullable=True),
-    sa.Column("content_type", sa.String(100), nullable=True),
-    sa.Column("response", sa.Text, nullable=True),
-    sa.Column("created_at", Timestamp, nullable=False),
-    sa.Column("expires_at", Timestamp, nullable=False),
-    # In flight: the request holding the key, and until when (renewed while it runs).
-    sa.Column("holder", sa.String(64), nullable=True),
-    sa.Column("lease_expires_at", Timestamp, nullable=True),
-    # What the holder created (a run or thread id), in the transaction that created it.
-    sa.Column("resource", sa.String(64), nullable=True),
-    sa.Index("ix_idempotency_keys_expires", "expires_at"),
 )
