@@ -23,7 +23,15 @@ from .conftest import ServerProcess, script, sqlite_url
 pytestmark = pytest.mark.anyio
 
 SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
-FAST = ("--webhook-schedule", "0,0.2,0.2,0.2,0.2,0.2,0.2,0.2", "--webhook-lease-seconds", "2", "--webhook-timeout-seconds", "1.5")
+FAST = (
+    "--webhook-schedule",
+    "0,0.2,0.2,0.2,0.2,0.2,0.2,0.2",
+    "--webhook-lease-seconds",
+    "2",
+    "--webhook-timeout-seconds",
+    "1.5",
+    "--webhook-allow-private",  # the receiver is on 127.0.0.1
+)
 
 
 class HoldingReceiver:
