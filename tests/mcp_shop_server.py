@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
+import struct
+import zlib
 from pathlib import Path
 from typing import Annotated
 
@@ -42,8 +43,27 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import EmbeddedResource, ResourceLink, TextContent, TextResourceContents, ToolAnnotations
 from pydantic import BaseModel
 
-#: A 1×1 PNG (red).
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+
+def _png(width: int, height: int) -> bytes:
+    """A small product picture as a PNG (a box on a shelf), made with zlib alone."""
+
+    def pixel(x: int, y: int) -> bytes:
+        if height * 3 // 4 <= y < height * 3 // 4 + 4:
+            return b"\x6b\x4f\x2a"  # the shelf
+        if width // 4 <= x < width * 3 // 4 and height // 4 <= y < height * 3 // 4:
+            return b"\x2f\x6f\xd0" if (x + y) % 16 else b"\x1d\x4f\xa0"  # the box
+        return b"\xf2\xf4\xf7"
+
+    raw = b"".join(b"\x00" + b"".join(pixel(x, y) for x in range(width)) for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+PNG = _png(96, 64)
 
 DIR = Path(os.environ.get("MCP_TEST_DIR", "."))
 READ_ONLY = ToolAnnotations(read_only_hint=True)

@@ -180,6 +180,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/openapi.json"): everyone(public=True),
     ("GET", "/static/app.js"): everyone(public=True),
     ("GET", "/v1/me"): everyone(),
+    ("GET", "/v1/agent"): everyone(),
     ("GET", "/v1/threads"): everyone(),
     ("POST", "/v1/threads"): everyone(body=lambda w: {"metadata": {}}),
     ("GET", "/v1/threads/{thread_id}"): Case(OK, NOT_THREAD, OK),

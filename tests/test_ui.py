@@ -1323,3 +1323,63 @@ def test_signing_in_with_a_key_shows_only_your_threads_and_an_approver_decides_f
         context.close()
         server.stop()
     assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+# -- MCP tools -------------------------------------------------------------------------------------
+
+
+def test_an_mcp_write_shows_its_tier_and_source_on_the_card_and_an_mcp_image_shows_as_an_image(browser: Browser, tmp_path: Path, axe_source: str) -> None:
+    from .test_mcp import agent_with, shop_mcp
+
+    directory = tmp_path / "mcp"
+    directory.mkdir()
+    live = LiveServer(agent_with(shop_mcp(directory)), sqlite_url(tmp_path)).start()
+    try:
+        with fresh_page(browser) as page:
+            open_ui(page, live)
+            send(page, 'call write_record {"name": "ui.txt", "content": "from the page"}')
+            card = page.locator(".approval")
+            expect(card).to_have_attribute("data-state", "pending")
+            expect(card.locator(".risk")).to_have_text("destructive")
+            expect(card.locator(".tool-source")).to_have_text("MCP server shop · tier from its annotations")
+            expect(card.locator(".description")).to_have_text("Write a record (shop)")
+            assert not (directory / "records" / "ui.txt").exists(), "the MCP server was sent the call before anyone approved it"
+            assert_accessible(page, axe_source, "MCP approval card")
+            shot(page, "mcp-approval-card", card)
+            card.locator(".choice-approve").click()
+            expect(conn(page)).to_have_attribute("data-state", "completed")
+            expect(page.locator(".tool-card[data-tool=write_record]")).to_have_attribute("data-status", "ok")
+            assert (directory / "records" / "ui.txt").read_text() == "from the page"
+            wait_settled(page)
+
+            send_and_finish(page, "call picture {}")
+            tool = page.locator(".tool-card[data-tool=picture]")
+            expect(tool).to_have_attribute("data-status", "ok")
+            tool.locator("summary").first.click()
+            image = tool.locator(".block-image img")
+            expect(image).to_be_visible()
+            expect(image).to_have_attribute("alt", "Image returned by the tool (image/png)")
+            page.wait_for_function("img => img.complete && img.naturalWidth === 96 && img.naturalHeight === 64", arg=image.element_handle())
+            assert_accessible(page, axe_source, "MCP image result")
+            shot(page, "mcp-image-result", tool)
+
+            send_and_finish(page, 'call manual {"sku": "A1"}')
+            manual = page.locator(".tool-card[data-tool=manual]")
+            manual.locator("summary").first.click()
+            expect(manual.locator(".block-text")).to_have_text("Manual of A1")
+            resource = manual.locator(".block-resource")
+            expect(resource.locator("summary")).to_have_text("Resource file:///manuals/A1.txt (text/plain)")
+            resource.locator("summary").click()
+            expect(resource.locator("pre")).to_have_text("Step 1: unpack.")
+            link = manual.locator(".block-link a")
+            expect(link).to_have_attribute("href", "https://example.com/manuals/A1")
+            expect(link).to_have_attribute("rel", "noopener noreferrer")
+
+            # After a reload the stored result shows the same image.
+            page.reload()
+            expect(page.locator("body")).to_have_attribute("data-ready", "true")
+            stored = page.locator(".tool-card[data-tool=picture]")
+            stored.locator("summary").first.click()
+            page.wait_for_function("img => img && img.complete && img.naturalWidth === 96", arg=stored.locator(".block-image img").element_handle())
+    finally:
+        live.stop()

@@ -30,6 +30,7 @@ from . import __version__
 from ._launch import migrate as migrate_schema
 from ._launch import serve_agent, with_store
 from .agent import Agent
+from .mcp._cli import mcp_options, mount_from_options
 from .models import Model
 from .webhooks._cli import settings_from_options, webhook_options
 
@@ -127,59 +128,6 @@ def _run_server(agent: Agent, host: str, port: int, db: str, log_level: str, lea
     )
 
 
-def _per_server(values: tuple[str, ...], flag: str, form: str) -> dict[str, dict[str, str]]:
-    """``SERVER:NAME=VALUE`` (or ``SERVER:NAME``) options by server, then by name."""
-    found: dict[str, dict[str, str]] = {}
-    for value in values:
-        server, _, rest = value.partition(":")
-        key, _, text = rest.partition("=")
-        if not server or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key) or ("=" in form and not text):
-            raise click.BadParameter(f"{value!r}: expected {form}", param_hint=flag)
-        found.setdefault(server, {})[key] = text
-    return found
-
-
-def _mount_mcp(agent: Agent, options: dict[str, Any]) -> None:
-    """Mount the MCP servers of the ``--mcp`` options on ``agent``."""
-    specs = options.pop("mcp_specs", ())
-    by_server: dict[str, dict[str, dict[str, str]]] = {
-        "--mcp-env": _per_server(options.pop("mcp_env", ()), "--mcp-env", "SERVER:VARIABLE"),
-        "--mcp-header": _per_server(options.pop("mcp_header", ()), "--mcp-header", "SERVER:NAME=VALUE"),
-        "--mcp-trust": {str(name): {} for name in options.pop("mcp_trust", ())},
-    }
-    if not specs:
-        given = [flag for flag, values in by_server.items() if values]
-        if given:
-            raise click.UsageError(f"{given[0]} names a server given with --mcp")
-        return
-    from .mcp import Secret, parse_mcp_option, parse_secret_value
-
-    env = {server: {var: Secret(env=var) for var in values} for server, values in by_server["--mcp-env"].items()}
-    try:
-        headers = {server: {k: parse_secret_value(k, v) for k, v in values.items()} for server, values in by_server["--mcp-header"].items()}
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--mcp-header") from None
-    servers = []
-    for spec in specs:
-        try:
-            servers.append(parse_mcp_option(spec, env=env, headers=headers, trusted=set(by_server["--mcp-trust"])))
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--mcp") from None
-    names = {s.name for s in servers}
-    for flag, values in by_server.items():
-        unknown = set(values) - names
-        if unknown:
-            raise click.BadParameter(f"no --mcp server is named {', '.join(sorted(unknown))}", param_hint=flag)
-    try:
-        import mcp  # noqa: F401  (the SDK; imported when a server connects)
-    except ImportError:
-        raise click.UsageError("--mcp needs the MCP SDK: pip install 'tether[mcp]'") from None
-    try:
-        agent.mount_mcp(servers)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--mcp") from None
-
-
 def _model_from_option(spec: str | None, base_url: str | None) -> Model | None:
     """The model ``--model`` names, or None when it was not given."""
     if not spec:
@@ -261,34 +209,7 @@ def _server_options(fn: Callable[..., None]) -> Callable[..., None]:
         help="Processes serving the port, under a supervisor that replaces a dead one (default: the number of cores with PostgreSQL, 1 with SQLite and for tether demo; above 1 needs PostgreSQL).",
     )(fn)
     fn = webhook_options(fn)
-    fn = click.option(
-        "--mcp",
-        "mcp_specs",
-        multiple=True,
-        metavar="SPEC",
-        help="Mount an MCP server's tools: 'stdio:COMMAND ARGS…' or an http(s):// URL, optionally NAME=SPEC; repeatable (see docs/mcp.md).",
-    )(fn)
-    fn = click.option(
-        "--mcp-trust",
-        "mcp_trust",
-        multiple=True,
-        metavar="SERVER",
-        help="Believe the tool annotations of the MCP server SERVER (an HTTP server's tools are all destructive otherwise); repeatable.",
-    )(fn)
-    fn = click.option(
-        "--mcp-header",
-        "mcp_header",
-        multiple=True,
-        metavar="SERVER:NAME=VALUE",
-        help="A request header of the HTTP MCP server SERVER; a secret as 'Bearer ${VAR}' or '${file:PATH}' (read when connecting); repeatable.",
-    )(fn)
-    fn = click.option(
-        "--mcp-env",
-        "mcp_env",
-        multiple=True,
-        metavar="SERVER:VAR",
-        help="Pass the environment variable VAR of this process to the stdio MCP server SERVER (its value never on the command line); repeatable.",
-    )(fn)
+    fn = mcp_options(fn)
     fn = click.option("--log-level", default="info", show_default=True, type=click.Choice(["critical", "error", "warning", "info", "debug"]))(fn)
     fn = click.option("--db", "db", default=None, help="Database URL (sqlite:///path or postgresql://…).")(fn)
     fn = click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))(fn)
@@ -323,7 +244,7 @@ def serve(
     model = _model_from_option(model_spec, openai_base_url)
     if model is not None:
         agent.model = model
-    _mount_mcp(agent, options)
+    mount_from_options(agent, options)
     _run_server(agent, host, port, db or default_db_url("tether"), log_level, lease_seconds, max_connections, options)
 
 
@@ -346,7 +267,7 @@ def demo(
     _auth_mode(host, options["auth"])
     options["workers"] = options["workers"] or 1  # a demo is one process unless asked
     agent = build_demo_agent(_model_from_option(model_spec, openai_base_url))
-    _mount_mcp(agent, options)
+    mount_from_options(agent, options)
     _run_server(
         agent,
         host,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..history import HistoryPolicy
 from ..models import ChatMessage, ToolCallRequest
 from ..store import MessageRecord
+from ._turn import model_view
 
 __all__ = ["HistoryPolicy", "to_chat_messages"]
 
@@ -25,5 +26,6 @@ def to_chat_messages(path: list[MessageRecord]) -> list[ChatMessage]:
         if m.role == "assistant" and m.status in ("cancelled", "failed", "partial") and not m.content and not m.tool_calls:
             continue
         calls = tuple(ToolCallRequest(c["id"], c["name"], c.get("args", {})) for c in (m.tool_calls or ()))
-        history.append(ChatMessage(m.role, m.content, calls, m.tool_call_id, m.name))  # type: ignore[arg-type]  # roles are checked by the store
+        content = model_view(m.content) if m.role == "tool" else m.content
+        history.append(ChatMessage(m.role, content, calls, m.tool_call_id, m.name))  # type: ignore[arg-type]  # roles are checked by the store
     return history

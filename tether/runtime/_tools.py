@@ -24,7 +24,7 @@ from ..tools import Tool, ToolContext
 from ._end import Stop
 from ._gate import FourEyesPolicy, action_request, needs_four_eyes, review_config
 from ._storable import describe_exception
-from ._turn import CallItem, ParkedTurn, json_safe, turn_messages
+from ._turn import CallItem, ParkedTurn, json_safe, model_view, turn_messages
 
 if TYPE_CHECKING:
     from ._segment import Segment
@@ -162,7 +162,7 @@ class ToolCalls:
         for record in turn_messages(calls, [], thread_id=seg.run.thread_id, run_id=seg.run.id, parent_id=seg.leaf_id):
             await seg.store.add_message(record)
             seg.leaf_id = record.id
-            history.append(ChatMessage("tool", record.content, (), record.tool_call_id, record.name))
+            history.append(ChatMessage("tool", model_view(record.content), (), record.tool_call_id, record.name))
         return history
 
     async def apply_review(self, interrupt: InterruptRecord) -> list[ChatMessage]:

@@ -26,7 +26,7 @@ from ..tools import Tool, ToolArgsError
 from ._gate import is_gated
 from ._storable import storable_json, storable_text
 
-__all__ = ["CallItem", "ModelTurn", "ParkedTurn", "announce_calls", "json_safe", "masked_args", "parse_args", "tool_message_content", "turn_messages"]
+__all__ = ["CallItem", "ModelTurn", "ParkedTurn", "announce_calls", "json_safe", "masked_args", "model_view", "parse_args", "tool_message_content", "turn_messages"]
 
 #: What a decision that does not run the tool records (``approve``/``edit`` run it).
 _NOT_RUN: dict[str, tuple[ToolStatus, str]] = {
@@ -42,16 +42,27 @@ def tool_message_content(status: ToolStatus, result: Any, error: str | None, rea
     ``TOOL_CALL_RESULT`` carries (:mod:`tether.agui`), so a streamed result and a stored one read
     the same."""
     if status == "ok":
-        return json.dumps(_described(result), ensure_ascii=False)
+        return json.dumps(result, ensure_ascii=False)
     if status == "responded":
         return str(result)
     detail = {k: v for k, v in (("error", error), ("reason", reason)) if v}
     return json.dumps({"status": status, **detail}, ensure_ascii=False)
 
 
+def model_view(content: str) -> str:
+    """A stored tool message as the model reads it: binary content (an MCP tool's image, audio or
+    resource blob, in base64) described in words instead of pasted into its context. The stored
+    message keeps it whole, for people (the UI shows the image)."""
+    if '"mimeType"' not in content:
+        return content
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return content
+    return json.dumps(_described(value), ensure_ascii=False)
+
+
 def _described(value: Any) -> Any:
-    """A result as the model reads it: binary content (an MCP tool's image, audio or blob, in
-    base64) described in words instead of pasted in; people see it whole in the event."""
     if isinstance(value, list):
         return [_described(item) for item in value]
     if not isinstance(value, dict):

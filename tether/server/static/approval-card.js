@@ -19,6 +19,20 @@ import { argsList, button, clock, duration, h, pretty, uid, waitedText } from '.
 const DECISION_LABELS = { approve: 'Approve', reject: 'Reject', edit: 'Edit args', respond: 'Respond' };
 const DECIDED_LABELS = { approve: 'approved', reject: 'rejected', edit: 'approved with edits', respond: 'answered', expired: 'expired' };
 
+/** Where an MCP tool's tier came from, in words. */
+const RISK_SOURCES = {
+  annotation: 'tier from its annotations',
+  'spec default': 'no annotations, so gated by default',
+  'untrusted server': 'untrusted server, so gated',
+  author: 'tier set by the agent',
+};
+
+function sourceText(action) {
+  const server = action.source.startsWith('mcp:') ? `MCP server ${action.source.slice(4)}` : action.source;
+  const why = RISK_SOURCES[action.risk_source];
+  return why ? `${server} · ${why}` : server;
+}
+
 const isQuestion = (allowed) => allowed.length === 1 && allowed[0] === 'respond';
 
 export class ApprovalCard {
@@ -117,7 +131,8 @@ export class ApprovalCard {
     row.el = h('div', { class: 'action', dataset: { index: i, callId: action.call_id, action: action.action } },
       h('div', { class: 'action-head' },
         h('span', { class: 'tool-name', text: action.action }),
-        action.risk && !question ? h('span', { class: `risk risk-${action.risk}`, text: action.risk }) : null),
+        action.risk && !question ? h('span', { class: `risk risk-${action.risk}`, text: action.risk }) : null,
+        action.source ? h('span', { class: 'tool-source', text: sourceText(action) }) : null),
       action.description ? h('p', { class: 'description', text: action.description }) : null,
       question ? null : argsList(action.args, { 'aria-label': 'Arguments' }),
       controls, row.panel, row.errorEl, row.outcomeEl);

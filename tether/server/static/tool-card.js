@@ -36,6 +36,7 @@ export class ToolCard {
     this.argsEl = h('pre', { class: 'args', text: pretty(args) });
     this.resultLabel = h('div', { class: 'label', hidden: true, text: 'Result' });
     this.resultEl = h('pre', { class: 'result', hidden: true });
+    this.blocksEl = h('div', { class: 'result-blocks', hidden: true });
     this.decisionEl = h('div', { class: 'tool-decision', hidden: true });
     this.details = h('details', { class: 'tool-details' },
       h('summary', {},
@@ -47,7 +48,7 @@ export class ToolCard {
       h('div', { class: 'tool-body' },
         h('div', { class: 'label', text: 'Arguments' }),
         this.argsEl,
-        this.resultLabel, this.resultEl));
+        this.resultLabel, this.resultEl, this.blocksEl));
     this.el = h('div', { class: 'tool-card', dataset: { callId, tool: name } }, this.details, this.decisionEl);
     this.summaryEl.textContent = oneLine(args);
     this.setState(gated ? 'waiting' : 'running');
@@ -78,9 +79,14 @@ export class ToolCard {
       this.resultText = text;
       this.resultLabel.hidden = false;
       this.resultLabel.textContent = status === 'ok' ? 'Result' : status === 'responded' ? 'Answer' : 'Why';
-      this.resultEl.hidden = false;
-      this.resultEl.textContent = text;
-      const short = status === 'ok' ? oneLine(result) : status === 'responded' ? `“${plain(result)}”` : text;
+      const blocks = status === 'ok' ? contentBlocks(result) : null;
+      this.resultEl.hidden = Boolean(blocks);
+      this.resultEl.textContent = blocks ? '' : text;
+      this.blocksEl.hidden = !blocks;
+      this.blocksEl.replaceChildren(...(blocks ? blocks.map(renderBlock) : []));
+      if (blocks && result.structuredContent !== undefined) this.blocksEl.append(h('pre', { class: 'result', text: pretty(result.structuredContent) }));
+      const short = blocks ? blocks.map(blockSummary).join(', ')
+        : status === 'ok' ? oneLine(result) : status === 'responded' ? `“${plain(result)}”` : text;
       this.summaryEl.textContent = status === 'responded' ? short : `${oneLine(this.args)} → ${short}`;
     }
   }
@@ -116,6 +122,54 @@ export class ToolCard {
     this.decisionEl.dataset.decision = d.decision;
     this.decisionEl.replaceChildren(h('span', { class: 'decision-line', text: line }), ...(diff ? [diff] : []));
   }
+}
+
+// -- an MCP tool's content: text, images, audio, resources ---------------------------------------
+
+const BLOCK_TYPES = ['text', 'image', 'audio', 'resource', 'resource_link'];
+const SAFE_IMAGE = /^image\/(png|jpeg|gif|webp)$/;
+const SAFE_AUDIO = /^audio\/(mpeg|mp3|wav|ogg|webm|aac|flac)$/;
+const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
+
+/** The content blocks of a result in MCP's shape (`{content: [{type, …}, …]}`), else null. */
+export function contentBlocks(result) {
+  if (!result || typeof result !== 'object' || Array.isArray(result) || !Array.isArray(result.content)) return null;
+  const blocks = result.content;
+  if (!blocks.length || !blocks.every((b) => b && typeof b === 'object' && BLOCK_TYPES.includes(b.type))) return null;
+  return blocks;
+}
+
+function blockSummary(block) {
+  if (block.type === 'text') return block.text.length > 60 ? `${block.text.slice(0, 60)}…` : block.text;
+  if (block.type === 'resource_link') return `link: ${block.name || block.uri}`;
+  if (block.type === 'resource') return `resource: ${(block.resource && block.resource.uri) || ''}`;
+  return `${block.type} (${block.mimeType || 'unknown type'})`;
+}
+
+/** One block as people read it: an image as an image, audio playable, a resource to unfold, a link. */
+function renderBlock(block) {
+  if (block.type === 'text') return h('pre', { class: 'result block-text', text: block.text });
+  if (block.type === 'image' || block.type === 'audio') {
+    const safe = block.type === 'image' ? SAFE_IMAGE : SAFE_AUDIO;
+    if (typeof block.data === 'string' && safe.test(block.mimeType || '') && BASE64.test(block.data)) {
+      const src = `data:${block.mimeType};base64,${block.data}`;
+      return block.type === 'image'
+        ? h('figure', { class: 'block-image' }, h('img', { src, alt: `Image returned by the tool (${block.mimeType})` }))
+        : h('audio', { class: 'block-audio', controls: true, src, 'aria-label': `Audio returned by the tool (${block.mimeType})` });
+    }
+    return h('p', { class: 'block-note', text: block.text || `${block.type} (${block.mimeType || 'unknown type'}) not shown` });
+  }
+  if (block.type === 'resource') {
+    const r = block.resource || {};
+    const body = typeof r.text === 'string' ? h('pre', { class: 'result', text: r.text })
+      : h('p', { class: 'block-note', text: `${r.mimeType || 'binary'} content, not shown` });
+    return h('details', { class: 'block-resource' }, h('summary', { text: `Resource ${r.uri || ''}${r.mimeType ? ` (${r.mimeType})` : ''}` }), body);
+  }
+  const uri = String(block.uri || '');
+  const label = block.name || block.title || uri;
+  return /^https?:\/\//i.test(uri)
+    ? h('p', { class: 'block-link' }, h('a', { href: uri, target: '_blank', rel: 'noopener noreferrer', text: label }), block.description ? ` — ${block.description}` : '')
+    : h('p', { class: 'block-link', text: `${label} (${uri})` });
 }
 
 /** The outcome of a stored tool message (content: result JSON, reviewer text, or {status, error|reason}). */
