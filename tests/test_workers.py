@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -97,7 +99,8 @@ async def test_a_killed_worker_is_replaced_and_its_run_is_taken_over(two_workers
     supervisor = _pid(two_workers)
     before = _workers(supervisor)
     async with AsyncClient(two_workers.url) as client, httpx.AsyncClient(base_url=two_workers.url, timeout=30) as http:
-        thread = await client.create_thread()
+        # Through the one connection the stream then takes: the only one open until the kill.
+        thread = (await http.post("/v1/threads", json={})).json()
         body = {"input": {"content": script({"tokens": 40, "delay_ms": 50})}}
         async with http.stream("POST", f"/v1/threads/{thread['id']}/runs", json=body, headers={"Accept": "text/event-stream"}) as stream:
             run_id = stream.headers["X-Run-Id"]
@@ -153,3 +156,124 @@ def test_several_workers_on_sqlite_are_refused_with_the_reason(tmp_path: Path) -
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--workers" in done.stderr and "PostgreSQL" in done.stderr
+
+
+#: An agent whose start-up fails while the file named by ``TETHER_TEST_REFUSE_START`` exists:
+#: a worker started then exits with status 3, as one that cannot reach its database would.
+_FLAKY_AGENT = """
+import os
+
+from tether.demo import build_demo_agent
+
+agent = build_demo_agent()
+_start = agent.on_startup
+
+
+async def _refusing_while_flagged(store):
+    if os.path.exists(os.environ["TETHER_TEST_REFUSE_START"]):
+        raise RuntimeError("refusing to start: the test's flag file exists")
+    if _start is not None:
+        await _start(store)
+
+
+agent.on_startup = _refusing_while_flagged
+"""
+
+
+class _Supervisor:
+    """``tether serve flaky_agent:agent --workers 2`` on PostgreSQL, its log in a file."""
+
+    def __init__(self, db_url: str, tmp_path: Path) -> None:
+        (tmp_path / "flaky_agent.py").write_text(_FLAKY_AGENT)
+        self.flag = tmp_path / "refuse-start"
+        self.log_path = tmp_path / "supervisor.log"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "tether.cli", "serve", "flaky_agent:agent", "--port", str(self.port), "--db", db_url]
+        argv += ["--workers", "2", "--lease-seconds", str(LEASE_S), "--log-level", "warning"]
+        with open(self.log_path, "ab") as log:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "TETHER_TEST_REFUSE_START": str(self.flag)}
+            self.proc = subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=log, env=env)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def serving(self, workers: int = 2) -> None:
+        """Wait until ``workers`` workers run and the port answers."""
+        async with asyncio.timeout(60):
+            while True:
+                assert self.proc.poll() is None, self.log()
+                if len(_workers(self.proc.pid)) == workers:
+                    try:
+                        async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:
+                            if (await http.get("/healthz")).status_code == 200:
+                                return
+                    except httpx.TransportError:
+                        pass
+                await asyncio.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def test_a_worker_that_cannot_start_during_the_first_boot_stops_the_supervisor(pg_db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "refuse-start").touch()
+    supervisor = _Supervisor(pg_db_url, tmp_path)
+    try:
+        code = await asyncio.to_thread(supervisor.proc.wait, 60)
+        assert code == 3
+        assert "could not start (exit status 3); stopping the others" in supervisor.log()
+        assert "restarting it in" not in supervisor.log()
+    finally:
+        supervisor.stop()
+
+
+async def test_a_replacement_that_cannot_start_is_retried_with_backoff_while_the_other_worker_serves(pg_db_url: str, tmp_path: Path) -> None:
+    supervisor = _Supervisor(pg_db_url, tmp_path)
+    try:
+        await supervisor.serving()
+        first = _workers(supervisor.proc.pid)
+        supervisor.flag.touch()  # from now on a new worker cannot start
+        victim, survivor = sorted(first)
+        os.kill(victim, signal.SIGKILL)
+        # Its replacement fails, and so does every later one: restarted with growing waits,
+        # while the survivor serves every request and the supervisor stays up.
+        delays: list[float] = []
+        seen: list[float] = []  # when each wait was first seen here
+        async with asyncio.timeout(90), httpx.AsyncClient(base_url=supervisor.url, timeout=10) as http:
+            while len(delays) < 3:
+                assert supervisor.proc.poll() is None, supervisor.log()
+                assert survivor in _workers(supervisor.proc.pid)
+                assert (await http.get("/healthz")).status_code == 200
+                found = [float(d) for d in re.findall(r"could not start, \d+ in a row in its slot; restarting it in ([\d.]+) s", supervisor.log())]
+                if len(found) > len(delays):
+                    seen += [time.monotonic()] * (len(found) - len(delays))
+                    delays = found
+                await asyncio.sleep(0.05)
+        assert delays[:3] == [0.5, 1.0, 2.0]  # doubling: no continuous forking
+        # Each restart waited its delay at least (seen late by at most a poll of this loop).
+        assert seen[2] - seen[1] >= delays[1] - 0.1
+        assert f"worker {victim} ended (signal SIGKILL)" in supervisor.log()
+        assert survivor in _workers(supervisor.proc.pid)
+        # The cause goes away: the next restart serves, and the slot is whole again.
+        supervisor.flag.unlink()
+        await supervisor.serving(2)
+        async with asyncio.timeout(60):
+            while not re.search(r"worker \d+ serves \(after \d+ worker\(s\) of its slot ended early\)", supervisor.log()):
+                await asyncio.sleep(0.05)
+        async with AsyncClient(supervisor.url) as client:
+            thread = await client.create_thread()
+            run = await client.start_run(thread["id"], script({"tokens": 3}))
+            async with asyncio.timeout(30):
+                while (await client.get_run(run["id"]))["status"] != "completed":
+                    await asyncio.sleep(0.05)
+        supervisor.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(supervisor.proc.wait, 60) == 0
+    finally:
+        supervisor.stop()

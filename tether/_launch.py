@@ -68,10 +68,11 @@ def serve_agent(
             if migrating.exitcode != 0:
                 raise click.ClickException("the database's migrations failed (their error is above)")
 
-        def one_worker(sockets: list[Any]) -> None:
+        def one_worker(sockets: list[Any], ready: Callable[[], None]) -> None:
             _serve(
                 agent,
                 sockets,
+                on_started=ready,
                 host=host,
                 port=port,
                 db=db,
@@ -140,8 +141,10 @@ def _serve(
     limits: dict[str, Any],
     migrating: BaseProcess | None = None,
     webhooks: Any = None,
+    on_started: Callable[[], None] | None = None,
 ) -> None:
-    """One serving process: on ``sockets`` (a worker's, bound by its supervisor) or on ``host:port``."""
+    """One serving process: on ``sockets`` (a worker's, bound by its supervisor, told that it
+    serves through ``on_started``) or on ``host:port``."""
     import uvicorn
 
     from .server import Limits, create_app
@@ -174,7 +177,7 @@ def _serve(
     if sockets is None:
         serve(app, config)  # ends the open streams as soon as it is told to stop
         return
-    server = StreamEndingServer(config, app)
+    server = StreamEndingServer(config, app, on_started=on_started)
     try:
         server.run(sockets=sockets)
     except KeyboardInterrupt:

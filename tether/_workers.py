@@ -6,16 +6,29 @@ with the same app, store and guarantees as a single process: on PostgreSQL the w
 the separate processes of one deployment already (leases, takeover, ``NOTIFY`` fan-out), now
 started by one command. The supervisor serves nothing itself:
 
-- a worker that dies (a crash, ``kill -9``, the OOM killer) is replaced at once by a new one
-  on the same socket; the runs it executed are taken over by the others once their leases
-  lapse (``--lease-seconds``), as when any process of a deployment dies;
+- a worker that dies (a crash, ``kill -9``, the OOM killer) is replaced by a new one on the same
+  socket: at once, unless its slot is in a crash loop (below); the runs it executed are taken
+  over by the others once their leases lapse (``--lease-seconds``), as when any process of a
+  deployment dies;
 - ``SIGTERM`` or ``SIGINT`` (Ctrl-C) is passed to every worker, which drains as a single
   server does (ends its streams, lets its runs finish for ``--drain-seconds``, hands the rest
-  over); a second one stops the wait. The supervisor exits once every worker has;
-- a worker that could not start (exit status 3: the port, the database, the agent) stops the
-  others and the supervisor, instead of being restarted in a loop;
+  over); a second one is passed on too and cuts the drain short
+  (:mod:`tether.server._serving`). The supervisor exits once every worker has;
+- a worker that could not start (exit status 3: the port, the database, the agent) during the
+  first boot, before every first worker served, stops the others and the supervisor (exit status
+  3): the configuration is wrong, and restarting would not fix it. Later, a worker that fails to
+  start or dies soon after starting does not stop the healthy ones: its slot is restarted with
+  exponential backoff (:data:`RESTART_BACKOFF_S` doubling up to :data:`MAX_RESTART_BACKOFF_S`,
+  said in the log each time), so a crash loop (the database down for a while, a model file
+  gone) never forks continuously; a worker that served :data:`STABLE_S` resets its slot's
+  backoff;
 - on Linux a worker is killed with its supervisor (``PR_SET_PDEATHSIG``): ``kill -9`` of the
   supervisor leaves no worker serving behind it.
+
+A worker tells the supervisor when it serves through a pipe (the ``ready`` callback its
+``serve`` gets); the supervisor waits for that pipe, the workers' ends (``SIGCHLD``) and the
+signals with one ``select`` (the signals reach it through :func:`signal.set_wakeup_fd`), so it
+sleeps until something happens or a restart is due.
 
 SQLite keeps one process (:data:`SQLITE_REFUSAL`): its store writes on the event loop with a
 write lock that only its own process sees, and its fan-out (a follower's live events, a
@@ -26,15 +39,18 @@ another one.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 
 import click
 
-__all__ = ["REUSE_PORT", "SQLITE_REFUSAL", "bind", "supervise"]
+__all__ = ["REUSE_PORT", "SQLITE_REFUSAL", "Serve", "bind", "supervise"]
 
 #: Why ``--workers`` above 1 is refused on SQLite.
 SQLITE_REFUSAL = (
@@ -44,6 +60,16 @@ SQLITE_REFUSAL = (
 
 #: A worker's exit status when its server could not start (as ``uvicorn.run``'s).
 STARTUP_FAILED = 3
+
+#: The wait before a slot's second restart in a row; it doubles at each further one.
+RESTART_BACKOFF_S = 0.5
+#: The longest wait between two restarts of a slot.
+MAX_RESTART_BACKOFF_S = 30.0
+#: A worker that served this long ended for a reason of its own: its replacement starts at once.
+STABLE_S = 10.0
+
+#: What a worker runs: serve on these sockets, calling ``ready()`` once it serves.
+Serve = Callable[[list[socket.socket], Callable[[], None]], None]
 
 
 #: Each worker listens on a socket of its own bound with ``SO_REUSEPORT``, where there is one
@@ -86,68 +112,213 @@ def _listening(held: socket.socket) -> socket.socket:
     return sock
 
 
-def supervise(count: int, sock: socket.socket, serve: Callable[[list[socket.socket]], None]) -> int:
-    """Run ``count`` workers, each ``serve([sock])`` in a forked process, until told to stop
-    (see the module's docstring); returns the supervisor's exit status."""
-    workers: dict[int, int] = {}  # pid → slot
-    stops = 0
-    failed = False
+def supervise(count: int, sock: socket.socket, serve: Serve, *, ended: Callable[[int], None] | None = None) -> int:
+    """Run ``count`` workers, each ``serve([sock], ready)`` in a forked process, until told to
+    stop (see the module's docstring); ``ended(pid)`` is called for each worker that ended.
+    Returns the supervisor's exit status."""
+    return _Supervisor(count, sock, serve, ended).run()
 
-    def stop(_sig: int = signal.SIGTERM, _frame: FrameType | None = None) -> None:
-        nonlocal stops
-        stops += 1
-        for pid in list(workers):
-            try:
-                os.kill(pid, signal.SIGTERM)  # a second one stops a worker's wait for its runs
-            except ProcessLookupError:
-                pass
 
-    def start(slot: int) -> None:
+def backoff(failures: int) -> float:
+    """Seconds to wait before restarting a slot whose workers ended early ``failures`` times in
+    a row: none after the first, then :data:`RESTART_BACKOFF_S` doubling, capped."""
+    if failures <= 1:
+        return 0.0
+    return float(min(RESTART_BACKOFF_S * 2 ** (failures - 2), MAX_RESTART_BACKOFF_S))
+
+
+@dataclass
+class _Slot:
+    """One of the ``count`` places a worker serves in, across its replacements."""
+
+    pid: int | None = None
+    #: When (monotonic) its worker said it serves; None until then.
+    ready_at: float | None = None
+    #: Its workers that ended without serving :data:`STABLE_S`, in a row.
+    failures: int = 0
+    #: When (monotonic) its next worker is due, while it has none.
+    restart_at: float | None = None
+
+
+class _Supervisor:
+    """The loop of :func:`supervise`: fork, wait for ends, readiness and signals, restart."""
+
+    def __init__(self, count: int, sock: socket.socket, serve: Serve, ended: Callable[[int], None] | None) -> None:
+        self._sock = sock
+        self._serve = serve
+        self._ended = ended
+        self._slots = [_Slot() for _ in range(count)]
+        #: Stops asked for (signals, or a failed first boot), and those passed on to the workers.
+        self._stops = 0
+        self._stops_sent = 0
+        self._failed = False
+        #: Every first worker has served: from then on a failed start is restarted, not fatal.
+        self._booted = False
+        self._ready_r, self._ready_w = os.pipe()
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._ready_r, self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGCHLD, _wake)  # a handler, so that a worker's end wakes the select
+        signal.set_wakeup_fd(self._wake_w)
+        try:
+            for slot in self._slots:
+                self._start(slot)
+            click.echo(f"Tether: worker processes {', '.join(str(s.pid) for s in self._slots)}", err=True)
+            while True:
+                self._reap()
+                self._pass_stops_on()
+                if self._stops and not self._live():
+                    break
+                self._restart_due()
+                self._wait()
+        finally:
+            signal.set_wakeup_fd(-1)
+            self._sock.close()
+        return STARTUP_FAILED if self._failed else 0
+
+    def _live(self) -> list[_Slot]:
+        return [s for s in self._slots if s.pid is not None]
+
+    def _stop(self, _sig: int, _frame: FrameType | None) -> None:
+        """``SIGTERM``'s and ``SIGINT``'s handler: counted here, passed on by the loop (which
+        the signal wakes), so that a worker forked at that instant is told too."""
+        self._stops += 1
+
+    def _pass_stops_on(self) -> None:
+        while self._stops_sent < self._stops:
+            self._stops_sent += 1
+            for slot in self._slots:
+                slot.restart_at = None
+                if slot.pid is not None:
+                    try:
+                        os.kill(slot.pid, signal.SIGTERM)  # a second one cuts a worker's drain short
+                    except ProcessLookupError:
+                        pass
+
+    def _start(self, slot: _Slot) -> None:
         pid = os.fork()
         if pid == 0:
-            _become_worker(sock, serve)  # never returns
-        workers[pid] = slot
+            os.close(self._ready_r)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            _become_worker(self._sock, self._serve, self._ready_w)  # never returns
+        slot.pid, slot.ready_at, slot.restart_at = pid, None, None
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    for slot in range(count):
-        start(slot)
-    click.echo(f"Tether: worker processes {', '.join(map(str, workers))}", err=True)
-    while workers:
+    def _wait(self) -> None:
+        """Sleep until a worker ends or serves, a signal comes, or a restart is due."""
+        due = [s.restart_at for s in self._slots if s.restart_at is not None]
+        timeout = max(min(due) - time.monotonic(), 0.0) if due else None
+        readable, _, _ = select.select([self._ready_r, self._wake_r], [], [], timeout)
+        if self._wake_r in readable:
+            _drain(self._wake_r)
+        self._read_ready()
+
+    def _read_ready(self) -> None:
+        for line in _drain(self._ready_r).split():
+            self._serving(int(line))
+
+    def _serving(self, pid: int) -> None:
+        slot = next((s for s in self._slots if s.pid == pid), None)
+        if slot is None:
+            return
+        slot.ready_at = time.monotonic()
+        if slot.failures:
+            click.echo(f"Tether: worker {pid} serves (after {slot.failures} worker(s) of its slot ended early)", err=True)
+        if not self._booted and all(s.ready_at is not None for s in self._slots):
+            self._booted = True
+
+    def _reap(self) -> None:
+        ended: list[tuple[int, int]] = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            ended.append((pid, os.waitstatus_to_exitcode(status)))
+        if not ended:
+            return
+        self._read_ready()  # after the ends: a worker that said it serves, then ended, did serve
+        for pid, code in ended:
+            slot = next((s for s in self._slots if s.pid == pid), None)
+            if slot is None:
+                continue
+            if self._ended is not None:
+                self._ended(pid)
+            self._end(slot, pid, code)
+
+    def _end(self, slot: _Slot, pid: int, code: int) -> None:
+        served = slot.ready_at
+        slot.pid = slot.ready_at = None
+        if self._stops:
+            return
+        if not self._booted and served is None:
+            click.echo(f"Tether: worker {pid} could not start ({_how(code)}); stopping the others", err=True)
+            self._failed = True
+            self._stops += 1
+            return
+        now = time.monotonic()
+        slot.failures = 0 if served is not None and now - served >= STABLE_S else slot.failures + 1
+        delay = backoff(slot.failures)
+        how = "could not start" if code == STARTUP_FAILED else f"ended ({_how(code)})"
+        if delay == 0:
+            self._start(slot)
+            click.echo(f"Tether: worker {pid} {how}; worker {slot.pid} replaces it", err=True)
+            return
+        slot.restart_at = now + delay
+        click.echo(f"Tether: worker {pid} {how}, {slot.failures} in a row in its slot; restarting it in {delay:g} s", err=True)
+
+    def _restart_due(self) -> None:
+        if self._stops:
+            return
+        now = time.monotonic()
+        for slot in self._slots:
+            if slot.restart_at is not None and slot.restart_at <= now:
+                self._start(slot)
+                click.echo(f"Tether: worker {slot.pid} started (restart {slot.failures} in a row of its slot)", err=True)
+
+
+def _wake(_sig: int, _frame: FrameType | None) -> None:
+    """``SIGCHLD``'s handler: nothing; its byte on the wakeup fd ends the supervisor's select."""
+
+
+def _drain(fd: int) -> bytes:
+    """Everything a non-blocking pipe holds now."""
+    chunks = []
+    while True:
         try:
-            pid, status = os.wait()
-        except ChildProcessError:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
             break
-        if pid not in workers:
-            continue
-        slot = workers.pop(pid)
-        code = os.waitstatus_to_exitcode(status)
-        if stops:
-            continue
-        if code == STARTUP_FAILED:
-            click.echo(f"Tether: worker {pid} could not start; stopping the others", err=True)
-            failed = True
-            stop()
-            continue
-        start(slot)
-        click.echo(f"Tether: worker {pid} ended ({_how(code)}); worker {next(p for p, s in workers.items() if s == slot)} replaces it", err=True)
-    sock.close()
-    return STARTUP_FAILED if failed else 0
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _how(code: int) -> str:
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
 
 
-def _become_worker(sock: socket.socket, serve: Callable[[list[socket.socket]], None]) -> None:
+def _become_worker(sock: socket.socket, serve: Serve, ready_fd: int) -> None:
     """In a forked child: serve, then exit without running the supervisor's clean-up."""
     code = 0
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)  # the supervisor's, closed in this process
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
         os.setpgid(0, 0)  # Ctrl-C reaches the supervisor alone, which passes it on once
         _die_with_parent()
-        serve([_listening(sock)])
+
+        def ready() -> None:
+            os.write(ready_fd, f"{os.getpid()}\n".encode())  # one write under PIPE_BUF: never mixed with another's
+
+        serve([_listening(sock)], ready)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:

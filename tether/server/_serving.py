@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -26,12 +27,19 @@ __all__ = ["StreamEndingServer", "serve"]
 
 
 class StreamEndingServer(uvicorn.Server):
-    """uvicorn's server, ending ``app``'s open event streams as soon as it is told to stop."""
+    """uvicorn's server, ending ``app``'s open event streams as soon as it is told to stop;
+    ``on_started`` is called once it serves."""
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+    def __init__(self, config: uvicorn.Config, app: FastAPI, *, on_started: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self._app = app
+        self._on_started = on_started
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit and self._on_started is not None:
+            self._on_started()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
