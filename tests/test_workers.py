@@ -277,3 +277,39 @@ async def test_a_replacement_that_cannot_start_is_retried_with_backoff_while_the
         assert await asyncio.to_thread(supervisor.proc.wait, 60) == 0
     finally:
         supervisor.stop()
+
+
+@pytest.mark.parametrize("workers", [2, 1])
+async def test_a_second_sigterm_cuts_the_drain_short_and_hands_the_run_over(workers: int, pg_db_url: str, tmp_path: Path) -> None:
+    # The drain would wait 10 minutes for a run of 15 minutes: only the second signal ends it.
+    args = ("--workers", str(workers), "--lease-seconds", str(LEASE_S), "--drain-seconds", "600")
+    db_url = pg_db_url if workers > 1 else sqlite_url(tmp_path)
+    server = ServerProcess(db_url, tmp_path / "server.log", extra_args=args)
+    await asyncio.to_thread(server.start)
+    try:
+        assert server.proc is not None
+        async with AsyncClient(server.url) as client:
+            thread = await client.create_thread()
+            run = await client.start_run(thread["id"], script({"tokens": 9000, "delay_ms": 100}))
+            async with asyncio.timeout(30):
+                while not [e for e in await client.events(run["id"], after_seq=0, limit=100) if e.type == "token"]:
+                    await asyncio.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):  # the worker executing the run has begun to drain it
+            while "stopping: waiting up to 600 s for 1 run(s) to finish" not in server.log_path.read_text():
+                await asyncio.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(server.proc.wait, 60)
+        assert code in (0, -signal.SIGTERM)  # a single server ends by the signal it caught, once stopped
+        assert "released 1 run(s)" in server.log_path.read_text()
+        from tether.store import Store
+
+        store = await Store.open(db_url)
+        try:
+            stopped = await store.get_run(run["id"])
+        finally:
+            await store.aclose()
+        assert stopped.status == "running"  # not finished: handed over, for another process or the next start
+        assert stopped.executor_id is None
+    finally:
+        await asyncio.to_thread(server.stop)
