@@ -313,3 +313,86 @@ async def test_a_second_sigterm_cuts_the_drain_short_and_hands_the_run_over(work
         assert stopped.executor_id is None
     finally:
         await asyncio.to_thread(server.stop)
+
+
+def _runs_ended(metrics: str) -> int:
+    """``tether_run_duration_seconds_count`` summed over its outcomes: the runs that ended."""
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in metrics.splitlines() if line.startswith("tether_run_duration_seconds_count{"))
+
+
+def _value(metrics: str, name: str) -> float:
+    return next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name + " "))
+
+
+async def _connection_to(server: ServerProcess, supervisor: int, worker: int) -> httpx.AsyncClient:
+    """A client whose one kept-alive connection a given worker holds."""
+    async with asyncio.timeout(30):
+        while True:
+            before = set(_holders(supervisor, server.port))
+            http = httpx.AsyncClient(base_url=server.url, timeout=30)
+            assert (await http.get("/healthz")).status_code == 200
+            mine = set(_holders(supervisor, server.port)) - before
+            if len(mine) == 1 and _holders(supervisor, server.port)[mine.pop()] == worker:
+                return http
+            await http.aclose()
+
+
+async def test_metrics_with_two_workers_are_the_whole_server_s_and_never_go_down(two_workers: ServerProcess) -> None:
+    supervisor = _pid(two_workers)
+    a, b = sorted(_workers(supervisor))
+    connections = [await _connection_to(two_workers, supervisor, a), await _connection_to(two_workers, supervisor, b)]
+    to_a, to_b = connections
+    seen: list[int] = []  # the run counter at each scrape
+    started = 0
+
+    async def run_on(http: httpx.AsyncClient) -> None:
+        nonlocal started
+        thread = (await http.post("/v1/threads", json={})).json()["id"]
+        run = (await http.post(f"/v1/threads/{thread}/runs", json={"input": {"content": script({"tokens": 3})}})).json()
+        started += 1
+        async with asyncio.timeout(30):
+            while (await http.get(f"/v1/runs/{run['id']}")).json()["status"] != "completed":
+                await asyncio.sleep(0.02)
+
+    async def scrape(http: httpx.AsyncClient) -> str:
+        text = (await http.get("/metrics")).text
+        seen.append(_runs_ended(text))
+        assert seen == sorted(seen), f"the run counter went down: {seen}"
+        return text
+
+    async def all_counted(*through: httpx.AsyncClient) -> None:
+        async with asyncio.timeout(30):  # the other worker's counts are at most a second old
+            while [_runs_ended(await scrape(http)) for http in through] != [started] * len(through):
+                await asyncio.sleep(0.05)
+
+    try:
+        # Worker a executes two runs for each of b's, and the scrapes alternate between them:
+        # each serving its own counts, every scrape of b would be below the scrape of a before it.
+        for i in range(10):
+            await run_on(to_a)
+            await run_on(to_a)
+            await run_on(to_b)
+            await scrape(to_a if i % 2 else to_b)
+        await all_counted(to_a, to_b)
+        # A worker killed after its counts were written: they stay in the sum (a counter of the
+        # server never goes down when a worker is replaced), its gauges leave it.
+        os.kill(b, signal.SIGKILL)
+        async with asyncio.timeout(30):
+            while not (len(now := _workers(supervisor)) == 2 and b not in now):
+                await asyncio.sleep(0.05)
+        (c,) = now - {a}
+        to_c = await _connection_to(two_workers, supervisor, c)
+        connections.append(to_c)
+        for i in range(10):
+            await run_on(to_c)
+            await scrape(to_a if i % 2 else to_c)
+        await all_counted(to_a, to_c)
+        final = await scrape(to_c)
+        assert _runs_ended(final) == started == 40
+        assert _value(final, "tether_executing_runs") == 0
+        assert _value(final, "tether_events_published_total") >= 40 * 5
+        assert len(seen) >= 20
+    finally:
+        for http in connections:
+            await http.aclose()
+    two_workers.log_path.write_text("")  # the killed worker's end is expected, not an error

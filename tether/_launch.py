@@ -18,6 +18,8 @@ from .agent import Agent
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
+    from .server._worker_metrics import WorkerMetrics
+
 __all__ = [
     "KEEP_ALIVE_S",
     "GC_YOUNG_THRESHOLD",
@@ -68,11 +70,16 @@ def serve_agent(
             if migrating.exitcode != 0:
                 raise click.ClickException("the database's migrations failed (their error is above)")
 
+        from .server._worker_metrics import WorkerMetrics
+
+        shared = WorkerMetrics.create()  # every worker's counts, for one /metrics of the server
+
         def one_worker(sockets: list[Any], ready: Callable[[], None]) -> None:
             _serve(
                 agent,
                 sockets,
                 on_started=ready,
+                shared_metrics=shared,
                 host=host,
                 port=port,
                 db=db,
@@ -92,7 +99,11 @@ def serve_agent(
             f"Tether {__version__}: serving agent {agent.name!r} on http://{host}:{bound.getsockname()[1]} with {count} worker processes (db: {shown_url(db)}, auth: {auth})",
             err=True,
         )
-        raise SystemExit(_workers.supervise(count, bound, one_worker))
+        try:
+            code = _workers.supervise(count, bound, one_worker, ended=shared.worker_ended)
+        finally:
+            shared.remove()
+        raise SystemExit(code)
     migrating = start_migrations(db)
     _serve(
         agent,
@@ -142,9 +153,11 @@ def _serve(
     migrating: BaseProcess | None = None,
     webhooks: Any = None,
     on_started: Callable[[], None] | None = None,
+    shared_metrics: WorkerMetrics | None = None,
 ) -> None:
     """One serving process: on ``sockets`` (a worker's, bound by its supervisor, told that it
-    serves through ``on_started``) or on ``host:port``."""
+    serves through ``on_started``, its counts summed with the other workers' in
+    ``shared_metrics``) or on ``host:port``."""
     import uvicorn
 
     from .server import Limits, create_app
@@ -153,6 +166,10 @@ def _serve(
     app = create_app(
         agent, db, lease_s=lease_seconds, drain_s=drain_s, auth=auth, four_eyes=four_eyes, cors_origins=cors_origins, limits=Limits(**limits), webhooks=webhooks
     )
+    if shared_metrics is not None:
+        from .server._worker_metrics import share_counts
+
+        share_counts(app, shared_metrics)
     if migrating is not None:
         migrating.join()
         if migrating.exitcode != 0:

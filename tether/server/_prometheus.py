@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ..store import RunStatus
-from ..telemetry._histograms import Histogram
+from ._worker_metrics import ProcessCounts
 
 __all__ = ["CONTENT_TYPE_LATEST", "Exposition", "Snapshot"]
 
@@ -21,18 +21,12 @@ _STATUSES = tuple(RunStatus)
 
 @dataclass
 class Snapshot:
-    """The values one scrape gathered."""
+    """The values one scrape gathered: the database's, and the process's (or, in a
+    ``--workers`` server, every worker's summed)."""
 
     runs: dict[str, int] = field(default_factory=dict)
     pending_interrupts: int = 0
-    executing: int = 0
-    streams: int = 0
-    published: int = 0
-    event_commits: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    taken_over: int = 0
-    histograms: list[Histogram] = field(default_factory=list)
+    process: ProcessCounts = field(default_factory=ProcessCounts)
 
 
 class _Collector(Collector):
@@ -42,28 +36,29 @@ class _Collector(Collector):
         self.snapshot = Snapshot()
 
     def collect(self) -> Iterator[Metric]:
-        s = self.snapshot
+        s, p = self.snapshot, self.snapshot.process
         runs = GaugeMetricFamily("tether_runs", "Runs in the database by status.", labels=["status"])
         for status in _STATUSES:
             runs.add_metric([status], s.runs.get(status, 0))
         yield runs
         yield GaugeMetricFamily("tether_pending_interrupts", "Interrupts waiting for a human decision.", value=s.pending_interrupts)
-        yield GaugeMetricFamily("tether_executing_runs", "Runs executing in this process.", value=s.executing)
-        yield GaugeMetricFamily("tether_event_streams", "Open event streams (SSE followers) in this process.", value=s.streams)
-        yield CounterMetricFamily("tether_events_published", "Events committed and published by this process.", value=s.published)
+        # "This server": one process, or every worker of a --workers server (summed).
+        yield GaugeMetricFamily("tether_executing_runs", "Runs executing in this server.", value=p.executing)
+        yield GaugeMetricFamily("tether_event_streams", "Open event streams (SSE followers) in this server.", value=p.streams)
+        yield CounterMetricFamily("tether_events_published", "Events committed and published by this server.", value=p.published)
         yield CounterMetricFamily(
-            "tether_event_commits", "Transactions that committed runs' events in this process (many runs' events share one).", value=s.event_commits
+            "tether_event_commits", "Transactions that committed runs' events in this server (many runs' events share one).", value=p.event_commits
         )
-        tokens = CounterMetricFamily("tether_model_tokens", "Tokens consumed by the model calls of this process, by kind.", labels=["kind"])
-        tokens.add_metric(["input"], s.input_tokens)
-        tokens.add_metric(["output"], s.output_tokens)
+        tokens = CounterMetricFamily("tether_model_tokens", "Tokens consumed by the model calls of this server, by kind.", labels=["kind"])
+        tokens.add_metric(["input"], p.input_tokens)
+        tokens.add_metric(["output"], p.output_tokens)
         yield tokens
         yield CounterMetricFamily(
             "tether_runs_taken_over",
-            "Runs this process took over: from a process that died or was stopped, or left unfinished by the previous start.",
-            value=s.taken_over,
+            "Runs this server took over: from a process that died or was stopped, or left unfinished by the previous start.",
+            value=p.taken_over,
         )
-        for histogram in s.histograms:
+        for histogram in p.histograms:
             family = HistogramMetricFamily(histogram.name, histogram.help, labels=list(histogram.labels))
             for labels, (_, total) in sorted(histogram.series.items()):
                 family.add_metric(list(labels), histogram.cumulative(labels), sum_value=total[0])

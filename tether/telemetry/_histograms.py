@@ -4,8 +4,9 @@ the Prometheus exposition at a scrape (``prometheus_client`` is imported only th
 Names follow the OpenTelemetry GenAI semantic conventions where they define the measurement
 (``gen_ai.client.operation.duration`` and ``gen_ai.client.token.usage``, with the conventions'
 bucket boundaries), written the Prometheus way (dots as underscores, the unit as a suffix);
-the rest are ``tether_*``. Each process counts what it did: on a PostgreSQL deployment of
-several processes every process serves its own, and a dashboard sums them.
+the rest are ``tether_*``. Each process counts what it did: the workers of one ``--workers``
+server serve their sum (:mod:`tether.server._worker_metrics`); the servers of a PostgreSQL
+deployment each serve their own, and a dashboard sums them.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Histograms:
     def __init__(self) -> None:
         self.operation = Histogram(
             "gen_ai_client_operation_duration_seconds",
-            "GenAI operation duration: model calls (chat) of this process.",
+            "GenAI operation duration: model calls (chat) of this server.",
             OPERATION_BUCKETS,
             ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "error_type"),
         )
