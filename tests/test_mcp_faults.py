@@ -191,7 +191,9 @@ async def test_a_crash_during_an_approved_mcp_call_goes_back_to_a_human_and_neve
     assert calls_of(mcp_dir) == ["slow_write"]
 
 
-async def test_each_worker_process_keeps_one_session_per_server_shared_by_its_runs(pg_db_url: str, tmp_path: Path, mcp_dir: Path, processes: list[ServerProcess]) -> None:
+async def test_each_worker_process_keeps_one_session_per_server_shared_by_its_runs(
+    pg_db_url: str, tmp_path: Path, mcp_dir: Path, processes: list[ServerProcess]
+) -> None:
     args = ("--workers", "2", "--mcp", f"shop=stdio:{sys.executable} {SHOP_SERVER}", "--mcp-env", "shop:MCP_TEST_DIR")
     server = ServerProcess(pg_db_url, tmp_path / "workers.log", extra_args=args, env={"MCP_TEST_DIR": str(mcp_dir)})
     processes.append(server)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from tether.review import ActionRequest, ParkedCall, ParkedTurn, ReviewConfig
 from tether.server._views import audit_entry_view, interrupt_view, message_view, queued_message_view, run_view, thread_view
 from tether.store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, RunStatus, ThreadRecord
 
@@ -93,18 +94,18 @@ def test_a_queued_steering_message_view_names_its_run_and_thread() -> None:
 
 def test_an_interrupt_view_hides_the_parked_turn_and_counts_the_wait() -> None:
     interrupt = InterruptRecord(
-        "int_1",
-        "run_1",
-        "thr_1",
-        "pending",
-        [{"call_id": "c"}],
-        [{"allowed_decisions": ["approve"]}],
-        {"calls": ["secret"]},
-        None,
-        None,
-        T0,
-        T0 + timedelta(minutes=10),
-        None,
+        id="int_1",
+        run_id="run_1",
+        thread_id="thr_1",
+        status="pending",
+        action_requests=[ActionRequest(call_id="c", action="refund", args={}, description="Refund", risk="destructive")],
+        review_configs=[ReviewConfig(allowed_decisions=["approve"])],
+        turn=ParkedTurn(calls=(ParkedCall(id="c", name="refund", args={"card": "secret"}, gated=True),)),
+        decisions=None,
+        resolved_by=None,
+        created_at=T0,
+        expires_at=T0 + timedelta(minutes=10),
+        resolved_at=None,
     )
     view = interrupt_view(interrupt, now=T0 + timedelta(seconds=4))
     assert view == {
@@ -113,7 +114,7 @@ def test_an_interrupt_view_hides_the_parked_turn_and_counts_the_wait() -> None:
         "thread_id": "thr_1",
         "requested_by": None,
         "status": "pending",
-        "action_requests": [{"call_id": "c"}],
+        "action_requests": [{"call_id": "c", "action": "refund", "args": {}, "description": "Refund", "risk": "destructive"}],
         "review_configs": [{"allowed_decisions": ["approve"]}],
         "decisions": None,
         "resolved_by": None,

@@ -30,6 +30,7 @@ from alembic.script import ScriptDirectory
 from tether._ids import new_id, utcnow
 from tether.errors import EventLogFailed, InterruptExpired, InterruptResolved, InvalidRequest, NotFound, RunNotActive, ThreadBusy
 from tether.events import Cancelled, Done, Envelope, Event, Interrupt, Resumed, RunError, Status, Token, format_ts, now_ts
+from tether.review import ActionRequest, Approve, Decision, Edit, Expired, ParkedCall, ParkedTurn, ReviewConfig
 from tether.runtime import LocalBus
 from tether.runtime._eventlog import EventLog
 from tether.runtime._groupcommit import GroupCommit
@@ -44,9 +45,37 @@ pytestmark = pytest.mark.anyio
 HOUR = timedelta(hours=1)
 #: A race that has not settled by then is a deadlock: fail, never hang.
 RACE_TIMEOUT_S = 30
-ACTIONS = [{"call_id": "call_1", "name": "refund", "args": {"order_id": "42", "card": "****"}}]
-REVIEW = [{"call_id": "call_1", "allowed_decisions": ["approve", "reject", "edit"]}]
-TURN = {"assistant_message_id": "msg_x", "calls": [{"id": "call_1", "name": "refund", "args": {"order_id": "42"}, "gated": True, "status": None}]}
+ACTIONS = [ActionRequest(call_id="call_1", action="refund", args={"order_id": "42", "card": "****"}, description="Refund", risk="destructive")]
+REVIEW = [ReviewConfig(allowed_decisions=["approve", "reject", "edit"])]
+TURN = ParkedTurn(assistant_message_id="msg_x", calls=(ParkedCall(id="call_1", name="refund", args={"order_id": "42"}, gated=True),))
+
+
+def interrupt_record(
+    interrupt_id: str,
+    run_id: str,
+    thread_id: str,
+    created_at: datetime,
+    expires_at: datetime,
+    *,
+    actions: list[ActionRequest] = ACTIONS,
+    review: list[ReviewConfig] = REVIEW,
+    turn: ParkedTurn = TURN,
+) -> InterruptRecord:
+    """A pending interrupt as the runtime parks one."""
+    return InterruptRecord(
+        id=interrupt_id,
+        run_id=run_id,
+        thread_id=thread_id,
+        status="pending",
+        action_requests=actions,
+        review_configs=review,
+        turn=turn,
+        decisions=None,
+        resolved_by=None,
+        created_at=created_at,
+        expires_at=expires_at,
+        resolved_at=None,
+    )
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -100,7 +129,7 @@ async def finish(store: Store, run_id: str, *, status: str = "completed", from_s
 
 async def open_interrupt(store: Store, run: RunRecord, *, created_at: datetime | None = None, expires_in: timedelta = HOUR) -> InterruptRecord:
     created = created_at or utcnow()
-    record = InterruptRecord(new_id("int"), run.id, run.thread_id, "pending", ACTIONS, REVIEW, TURN, None, None, created, created + expires_in, None)
+    record = interrupt_record(new_id("int"), run.id, run.thread_id, created, created + expires_in)
     event = stored(
         run.id,
         await store.last_seq(run.id) + 1,
@@ -123,13 +152,13 @@ async def leave(
 ) -> tuple[InterruptRecord, StoredEvent, Any]:
     """``leave_pending`` as the runtime calls it: decisions, a ``resumed`` event, audit entries."""
     verdict = "approve" if to_status == "resolved" else "expired"
-    decisions = [{"call_id": "call_1", "decision": verdict}]
+    decisions: list[Decision] = [Approve(call_id="call_1") if verdict == "approve" else Expired(call_id="call_1")]
     return await store.leave_pending(
         interrupt.id,
         to_status=to_status,
         now=now or utcnow(),
         decisions=decisions,
-        turn={**interrupt.turn, "decided_by": actor},
+        turn=interrupt.turn.model_copy(update={"calls": tuple(c.model_copy(update={"decision": decisions[0]}) for c in interrupt.turn.calls)}),
         actor=actor,
         make_event=lambda run_id, seq: stored(
             run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="decided" if to_status == "resolved" else "expired", decisions=decisions)
@@ -241,7 +270,7 @@ async def test_threads_are_listed_newest_first_and_filtered_by_owner(store: Stor
 
 async def test_missing_or_foreign_records_are_not_found_with_their_own_codes(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
-    missing_interrupt = InterruptRecord("int_missing", "run_x", thread.id, "pending", [], [], {}, None, None, utcnow(), utcnow(), None)
+    missing_interrupt = interrupt_record("int_missing", "run_x", thread.id, utcnow(), utcnow(), actions=[], review=[], turn=ParkedTurn())
     cases: list[tuple[Callable[[], Awaitable[Any]], str]] = [
         (lambda: store.get_thread("thr_missing"), "thread_not_found"),
         (lambda: store.get_thread(thread.id, owner="bob"), "thread_not_found"),
@@ -815,7 +844,7 @@ async def test_access_lookups_return_what_the_store_wrote_with_the_owner_and_rev
 async def test_open_interrupt_parks_only_a_running_run(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
     run, _, _ = await start_run(store, thread)
-    record = InterruptRecord(new_id("int"), run.id, thread.id, "pending", ACTIONS, REVIEW, TURN, None, None, utcnow(), utcnow() + HOUR, None)
+    record = interrupt_record(new_id("int"), run.id, thread.id, utcnow(), utcnow() + HOUR)
     event = stored(run.id, 2, Interrupt(interrupt_id=record.id, action_requests=ACTIONS, review_configs=REVIEW, expires_at="x"))
     assert not await store.open_interrupt(record, event)  # queued: not yet running
     assert await store.latest_interrupt(run.id) is None and await store.last_seq(run.id) == 1
@@ -828,7 +857,7 @@ async def test_open_interrupt_parks_only_a_running_run(store: Store) -> None:
     assert (interrupt.status, interrupt.action_requests, interrupt.review_configs, interrupt.turn) == ("pending", ACTIONS, REVIEW, TURN)
     assert await store.read_events(run.id, after_seq=1) == [event]
 
-    again = InterruptRecord(new_id("int"), run.id, thread.id, "pending", ACTIONS, REVIEW, TURN, None, None, utcnow(), utcnow() + HOUR, None)
+    again = interrupt_record(new_id("int"), run.id, thread.id, utcnow(), utcnow() + HOUR)
     assert not await store.open_interrupt(again, stored(run.id, 3, Status(stage="thinking")))  # already waiting
     await store.request_cancel(run.id, mode="soft", reason=None, actor="alice")
     assert not await store.open_interrupt(again, stored(run.id, 3, Status(stage="thinking")))  # cancelling
@@ -841,7 +870,7 @@ async def test_resolving_an_interrupt_resumes_its_run_and_a_second_resolution_is
     now = utcnow()
     resolved, event, run_row = await leave(store, interrupt, now=now, actor="bob")
     assert (resolved.status, resolved.resolved_by, resolved.resolved_at) == ("resolved", "bob", now)
-    assert resolved.decisions == [{"call_id": "call_1", "decision": "approve"}]
+    assert resolved.decisions == [Approve(call_id="call_1")]
     assert run_row.status == "running"
     assert (event.seq, event.type) == (3, "resumed")
     assert await store.get_interrupt(interrupt.id) == resolved
@@ -1117,14 +1146,18 @@ async def test_json_columns_round_trip_nested_values_identically(store: Store) -
     assistant = await store.add_message(
         MessageRecord(new_id("msg"), thread.id, run.input_message_id, run.id, "assistant", "", tool_calls=[{"id": "c", "name": "t", "args": NESTED}])
     )
-    record = InterruptRecord(new_id("int"), run.id, thread.id, "pending", [NESTED], [NESTED], {"turn": NESTED}, None, None, utcnow(), utcnow() + HOUR, None)
+    nested_action = ActionRequest(call_id="c", action="t", args=NESTED, description="d", risk="destructive")
+    nested_turn = ParkedTurn(calls=(ParkedCall(id="c", name="t", args=NESTED, gated=True, result=NESTED),))
+    record = interrupt_record(new_id("int"), run.id, thread.id, utcnow(), utcnow() + HOUR, actions=[nested_action], turn=nested_turn)
     assert await store.open_interrupt(record, stored(run.id, 2, Status(stage="thinking")))
+    edited = Edit(call_id="c", args=NESTED)
+    decided_turn = ParkedTurn(calls=(ParkedCall(id="c", name="t", args=NESTED, gated=True, result=NESTED, decision=edited),))
     await store.leave_pending(
         record.id,
         to_status="resolved",
         now=utcnow(),
-        decisions=[{"decision": "edit", "args": NESTED}],
-        turn={"turn": NESTED, "after": 1},
+        decisions=[edited],
+        turn=decided_turn,
         actor="bob",
         make_event=lambda run_id, seq: stored(run_id, seq, Status(stage="thinking")),
         audit_entries=[AuditEntry("decision", "bob", details=NESTED)],
@@ -1139,17 +1172,17 @@ async def test_json_columns_round_trip_nested_values_identically(store: Store) -
         "config": ((await store.get_run(run.id)).config, {"config": NESTED}),
         "error": ((await store.get_run(run.id)).error, {"error": NESTED}),
         "tool_calls": ((await store.get_message(assistant.id)).tool_calls, [{"id": "c", "name": "t", "args": NESTED}]),
-        "action_requests": (interrupt.action_requests, [NESTED]),
-        "review_configs": (interrupt.review_configs, [NESTED]),
-        "turn": (interrupt.turn, {"turn": NESTED, "after": 1}),
-        "decisions": (interrupt.decisions, [{"decision": "edit", "args": NESTED}]),
+        "action_requests": (interrupt.action_requests[0].args, NESTED),
+        "turn": (interrupt.turn.calls[0].args, NESTED),
+        "turn result": (interrupt.turn.calls[0].result, NESTED),
+        "decisions": (interrupt.decisions[0].args, NESTED),  # type: ignore[index, union-attr]
         "details": ((await store.list_audit())[0].details, NESTED),
     }
     for column, (back, written) in values.items():
         # Equal, and identical as JSON text: same key order, same number forms.
         assert back == written, column
         assert json.dumps(back, ensure_ascii=False) == json.dumps(written, ensure_ascii=False), column
-    assert type(interrupt.turn["turn"]["floats"][1]) is float and type(interrupt.turn["turn"]["floats"][4]) is float
+    assert type(interrupt.turn.calls[0].args["floats"][1]) is float and type(interrupt.turn.calls[0].args["floats"][4]) is float
 
 
 async def test_timestamps_come_back_timezone_aware_utc_as_the_same_instant(store: Store) -> None:
@@ -1219,7 +1252,7 @@ async def test_a_run_taken_over_by_another_store_can_no_longer_be_ended_or_parke
         final = stored(run.id, 2, Done(message_id=None))
         assert not await store.finish_run(run.id, status="completed", final_event=final, from_statuses=("running",), as_executor=True)
         assert not await store.open_interrupt(
-            InterruptRecord("int_stale", run.id, thread.id, "pending", [], [], {"calls": []}, None, None, utcnow(), utcnow() + HOUR, None),
+            interrupt_record("int_stale", run.id, thread.id, utcnow(), utcnow() + HOUR, actions=[], review=[], turn=ParkedTurn()),
             stored(run.id, 2, Status(stage="x")),
         )
         assert (await store.get_run(run.id)).status == "running" and await store.last_seq(run.id) == 1

@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .review import ActionRequest, Decision, ReviewConfig, ToolStatus
+
 __all__ = [
     "Event",
     "RunStarted",
@@ -92,9 +94,6 @@ class ToolCall(Event):
     message_id: str | None = None
 
 
-ToolStatus = Literal["ok", "error", "rejected", "expired", "responded", "cancelled", "unknown"]
-
-
 class ToolResult(Event):
     """The outcome of one tool call (exactly one per ``tool_call``)."""
 
@@ -112,8 +111,8 @@ class Interrupt(Event):
 
     type: ClassVar[str] = "interrupt"
     interrupt_id: str
-    action_requests: list[dict[str, Any]]
-    review_configs: list[dict[str, Any]]
+    action_requests: list[ActionRequest]
+    review_configs: list[ReviewConfig]
     expires_at: str
 
 
@@ -123,7 +122,8 @@ class Resumed(Event):
     type: ClassVar[str] = "resumed"
     interrupt_id: str
     resolution: Literal["decided", "expired"]
-    decisions: list[dict[str, Any]]
+    #: The decisions as shown (an edit's arguments masked); ``expired`` entries for an expiry.
+    decisions: list[Decision]
     #: Who decided: the principal's name, or ``system`` for an expiry.
     actor: str | None = None
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FieldError, InvalidRequest
-from ..runtime import ParkedTurn, tool_message_content
+from ..runtime import tool_message_content
 from ..store import InterruptRecord, MessageRecord, RunRecord
 from ._mapping import tool_message_id
 
@@ -70,7 +70,6 @@ def parked_messages(path: Sequence[MessageRecord], interrupt: InterruptRecord) -
     """The conversation as a client has it when ``interrupt`` paused the run: ``path`` (the
     store's, up to the turn that asked) and the results the turn's calls already had, which join
     the tree only once every call of the turn is settled."""
-    turn = ParkedTurn.from_json(interrupt.turn)
     results = [
         {
             "id": tool_message_id(interrupt.run_id, call.id),
@@ -78,7 +77,7 @@ def parked_messages(path: Sequence[MessageRecord], interrupt: InterruptRecord) -
             "toolCallId": call.id,
             "content": tool_message_content(call.status, call.result, call.error, call.reason),
         }
-        for call in turn.calls
+        for call in interrupt.turn.calls
         if call.status is not None
     ]
     return agui_messages(path) + results

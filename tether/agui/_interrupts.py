@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import FieldError, InvalidRequest
+from ..events import Interrupt
+from ..review import ActionRequest
 from ..tools import Tool
 
 __all__ = ["agui_interrupt_id", "tether_interrupt_id", "agui_interrupts", "response_schema", "decisions_for"]
@@ -63,29 +65,29 @@ def response_schema(allowed: Sequence[str], args_schema: Mapping[str, Any] | Non
     return schema
 
 
-def agui_interrupts(data: Mapping[str, Any], tools: Mapping[str, Tool]) -> list[dict[str, Any]]:
-    """The AG-UI interrupts (one per action request) of an ``interrupt`` event's data."""
+def agui_interrupts(event: Interrupt, tools: Mapping[str, Tool]) -> list[dict[str, Any]]:
+    """The AG-UI interrupts (one per action request) of an ``interrupt`` event."""
     interrupts = []
-    for request, config in zip(data["action_requests"], data["review_configs"], strict=True):
-        tool = tools.get(request["action"])
-        allowed = list(config.get("allowed_decisions", ()))
+    for request, config in zip(event.action_requests, event.review_configs, strict=True):
+        tool = tools.get(request.action)
+        allowed = list(config.allowed_decisions)
         tether: dict[str, Any] = {
-            "interrupt_id": data["interrupt_id"],
-            "action": request["action"],
-            "args": request.get("args"),
-            "risk": request.get("risk"),
+            "interrupt_id": event.interrupt_id,
+            "action": request.action,
+            "args": request.args,
+            "risk": request.risk,
             "allowed_decisions": allowed,
         }
-        if request.get("outcome_unknown"):
+        if request.outcome_unknown:
             tether["outcome_unknown"] = True
         interrupts.append(
             {
-                "id": agui_interrupt_id(data["interrupt_id"], request["call_id"]),
+                "id": agui_interrupt_id(event.interrupt_id, request.call_id),
                 "reason": TOOL_CALL_REASON,
-                "message": request.get("description") or request["action"],
-                "toolCallId": request["call_id"],
+                "message": request.description or request.action,
+                "toolCallId": request.call_id,
                 "responseSchema": response_schema(allowed, tool.json_schema() if tool is not None else None),
-                "expiresAt": data["expires_at"],
+                "expiresAt": event.expires_at,
                 "metadata": {"tether": tether},
             }
         )
@@ -121,10 +123,11 @@ def _decision(entry: Mapping[str, Any], index: int) -> dict[str, Any]:
     raise invalid("payload.approved must be true or false (or give a message)", "payload", "approved")
 
 
-def decisions_for(action_requests: Sequence[Mapping[str, Any]], interrupt_id: str, entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One Tether decision per action request, in order, from AG-UI resume entries
-    (``{interruptId, status, payload?}``) that must answer each of them exactly once."""
-    wanted = [agui_interrupt_id(interrupt_id, r["call_id"]) for r in action_requests]
+def decisions_for(action_requests: Sequence[ActionRequest], interrupt_id: str, entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One decision per action request, in order, in the shape of ``POST /resume``'s body (to be
+    validated as that body is), from AG-UI resume entries (``{interruptId, status, payload?}``)
+    that must answer each of them exactly once."""
+    wanted = [agui_interrupt_id(interrupt_id, r.call_id) for r in action_requests]
     by_id: dict[str, tuple[int, Mapping[str, Any]]] = {}
     for index, entry in enumerate(entries):
         if entry["interruptId"] in by_id:

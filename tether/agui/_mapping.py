@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..events import Envelope, StoredEvent
+from ..events import Envelope, Interrupt, StoredEvent
 from ..runtime import tool_message_content
 from ..tools import Tool
 from ._interrupts import agui_interrupts
@@ -449,7 +449,7 @@ class _Builder:
         self.emit({"type": "CUSTOM", "name": "tether.resumed", "value": self.data})
 
     def on_interrupt(self) -> None:
-        interrupts = agui_interrupts(self.data, self.m.tools)
+        interrupts = agui_interrupts(Interrupt.model_validate(self.data), self.m.tools)
         self.end_segment(
             {"type": "RUN_FINISHED", "outcome": {"type": "interrupt", "interrupts": interrupts}, "_tether": {"interrupt_id": self.data["interrupt_id"]}}
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Sequence
 from typing import Any, Required, TypedDict, Unpack
 
 from .._ids import new_id, utcnow
@@ -25,6 +26,7 @@ from ..agent import Agent
 from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import CancelMode, Resumed, format_ts
 from ..models import Usage
+from ..review import Decision, Edit, Expired, Reject
 from ..store import AuditEntry, CancelControl, ControlMessage, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
 from ._cancel import Cancels
@@ -38,7 +40,7 @@ from ._observer import RunObserver
 from ._pgbus import open_bus
 from ._runner import RunExecutor
 from ._takeover import Takeover
-from ._turn import ParkedTurn, tool_message_content
+from ._turn import TurnCalls, tool_message_content
 
 __all__ = [
     "Runtime",
@@ -47,7 +49,7 @@ __all__ = [
     "RunStart",
     "HistoryPolicy",
     "FourEyesPolicy",
-    "ParkedTurn",
+    "TurnCalls",
     "tool_message_content",
     "LocalBus",
     "Subscription",
@@ -350,7 +352,7 @@ class Runtime:
 
     # -- human review ----------------------------------------------------------------------
 
-    async def resume(self, thread_id: str, interrupt_id: str, decisions: list[dict[str, Any]], *, actor: str) -> RunRecord:
+    async def resume(self, thread_id: str, interrupt_id: str, decisions: Sequence[Decision], *, actor: str) -> RunRecord:
         """Apply a human's decisions to a pending interrupt and continue its run.
 
         All or nothing: the decisions are validated first (422/403 leave the interrupt
@@ -369,7 +371,7 @@ class Runtime:
             )
         if interrupt.status != "pending":
             raise InterruptResolved(f"interrupt {interrupt_id!r} is already {interrupt.status}", details={"status": interrupt.status})
-        turn = ParkedTurn.from_json(interrupt.turn)
+        turn = TurnCalls.from_parked(interrupt.turn)
         gated = turn.undecided
         normalised = check_decisions(self.agent.tools, gated, decisions)
         try:
@@ -377,22 +379,22 @@ class Runtime:
         except Forbidden:
             # The interrupt stays pending; the attempt itself is on record.
             refused = [
-                AuditEntry("decision", actor, thread_id, interrupt.run_id, interrupt_id, c.id, c.name, decision=d["decision"], outcome="refused_four_eyes")
+                AuditEntry("decision", actor, thread_id, interrupt.run_id, interrupt_id, c.id, c.name, decision=d.decision, outcome="refused_four_eyes")
                 for c, d in zip(gated, normalised, strict=True)
             ]
             await self.store.add_audit(refused)
             raise
-        public: list[dict[str, Any]] = []
+        public: list[Decision] = []
         entries: list[AuditEntry] = []
-        asked = {r["call_id"]: r["args"] for r in interrupt.action_requests}
+        asked = {r.call_id: r.args for r in interrupt.action_requests}
         for call, decision in zip(gated, normalised, strict=True):
             call.decision = decision
             tool = self.agent.tools.get(call.name)  # None: gone since it was asked (only reject is allowed)
-            shown = {k: v for k, v in decision.items() if k != "args"}
+            shown: Decision = decision
             details: dict[str, Any] | None = None
-            if decision["decision"] == "edit" and tool is not None:
-                shown["args"] = tool.mask(decision["args"])
-                details = {"original_args": tool.mask(call.args), "edited_args": shown["args"]}
+            if isinstance(decision, Edit) and tool is not None:
+                shown = decision.model_copy(update={"args": tool.mask(decision.args)})
+                details = {"original_args": tool.mask(call.args), "edited_args": shown.args}
             public.append(shown)
             entries.append(
                 AuditEntry(
@@ -404,8 +406,8 @@ class Runtime:
                     call.id,
                     call.name,
                     args_digest(tool.mask(call.args) if tool is not None else asked.get(call.id, {})),
-                    decision=decision["decision"],
-                    reason=decision.get("reason"),
+                    decision=decision.decision,
+                    reason=decision.reason if isinstance(decision, Reject) else None,
                     outcome="accepted",
                     details=details,
                 )
@@ -418,7 +420,7 @@ class Runtime:
                 to_status="resolved",
                 now=now,
                 decisions=public,
-                turn=turn.to_json(),
+                turn=turn.parked(),
                 actor=actor,
                 make_event=lambda run_id, seq: stored_event(
                     run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public, actor=actor)
@@ -438,9 +440,9 @@ class Runtime:
     async def expire(self, interrupt: InterruptRecord) -> bool:
         """Expire a due interrupt: its gated actions are rejected as ``expired`` and the run
         goes on so the model can wrap up. False if someone else settled it first."""
-        turn = ParkedTurn.from_json(interrupt.turn)
+        turn = TurnCalls.from_parked(interrupt.turn)
         gated = turn.undecided
-        public = [{"call_id": c.id, "decision": "expired"} for c in gated]
+        public: list[Decision] = [Expired(call_id=c.id) for c in gated]
         for call, decision in zip(gated, public, strict=True):
             call.decision = decision
         try:
@@ -449,7 +451,7 @@ class Runtime:
                 to_status="expired",
                 now=utcnow(),
                 decisions=public,
-                turn=turn.to_json(),
+                turn=turn.parked(),
                 actor="system",
                 make_event=lambda run_id, seq: stored_event(
                     run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public, actor="system")

@@ -64,7 +64,7 @@ from ..store import CancelControl, CancelRequest, RunRecord, Store, TurnOutcome
 from ._eventlog import EventLog, stored_event
 from ._resumes import ResumesUnderWay
 from ._takeover import executed_elsewhere
-from ._turn import ParkedTurn, turn_messages
+from ._turn import TurnCalls, turn_messages
 
 if TYPE_CHECKING:
     from ._bus import LocalBus
@@ -343,7 +343,7 @@ class Cancels:
         before: list[StoredEvent] = []
         pending = await self._store.pending_interrupts(run_ids=[record.id])
         if pending:
-            turn = ParkedTurn.from_json(pending[0].turn)
+            turn = TurnCalls.from_parked(pending[0].turn)
             for call in turn.settle_unrun("run cancelled while waiting for review"):
                 before.append(stored_event(record.id, seq, call.result_event()))
                 seq += 1

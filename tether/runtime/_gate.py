@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import FieldError, Forbidden, InvalidRequest
+from ..review import ActionRequest, Approve, Decision, Edit, ReviewConfig
 from ..tools import RISK_ORDER, Tool, ToolArgsError, mask_value
 
 if TYPE_CHECKING:  # _turn uses is_gated
@@ -42,21 +43,30 @@ def needs_four_eyes(tool: Tool, policy: FourEyesPolicy) -> bool:
     return tool.four_eyes or (policy == "destructive" and tool.risk == "destructive")
 
 
-def action_request(tool: Tool, call_id: str, args: dict[str, Any], *, four_eyes: bool = False) -> dict[str, Any]:
-    """What a reviewer is shown for one gated call (sensitive args masked); ``four_eyes: true``
-    when its approval needs someone other than the requester."""
-    request: dict[str, Any] = {"call_id": call_id, "action": tool.name, "args": tool.mask(args), "description": tool.description_for(args), "risk": tool.risk}
-    if tool.origin is not None:  # a tool of an MCP server: where it and its tier come from
-        request["source"] = tool.origin
-        request["risk_source"] = tool.risk_source
-    if four_eyes:
-        request["four_eyes"] = True
-    return request
+def action_request(tool: Tool, call_id: str, args: dict[str, Any], *, four_eyes: bool = False, outcome_unknown: bool = False) -> ActionRequest:
+    """What a reviewer is shown for one gated call (sensitive args masked); ``four_eyes`` when
+    its approval needs someone other than the requester; ``outcome_unknown`` when a crash cut
+    off an earlier execution of it."""
+    description = tool.description_for(args)
+    if outcome_unknown:
+        description = "Outcome unknown — the server stopped while this ran. Run it again? " + description
+    mcp = tool.origin is not None  # a tool of an MCP server: where it and its tier come from
+    return ActionRequest(
+        call_id=call_id,
+        action=tool.name,
+        args=tool.mask(args),
+        description=description,
+        risk=tool.risk,
+        source=tool.origin if mcp else None,
+        risk_source=tool.risk_source if mcp else None,
+        four_eyes=four_eyes,
+        outcome_unknown=outcome_unknown,
+    )
 
 
-def review_config(tool: Tool) -> dict[str, Any]:
+def review_config(tool: Tool) -> ReviewConfig:
     """The decisions a reviewer may take on a call of ``tool``."""
-    return {"allowed_decisions": list(tool.allowed_decisions)}
+    return ReviewConfig(allowed_decisions=list(tool.allowed_decisions))
 
 
 def _edited_args(tool: Tool, index: int, original: dict[str, Any], edited: dict[str, Any]) -> dict[str, Any]:
@@ -78,11 +88,12 @@ def _edited_args(tool: Tool, index: int, original: dict[str, Any], edited: dict[
         raise InvalidRequest(f"edited arguments are invalid: {exc}", code="invalid_edited_args", fields=fields) from None
 
 
-def check_decisions(tools: Mapping[str, Tool], gated_calls: Sequence[CallItem], decisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def check_decisions(tools: Mapping[str, Tool], gated_calls: Sequence[CallItem], decisions: Sequence[Decision]) -> list[Decision]:
     """Validate one decision per gated call, in order; all or nothing.
 
-    Returns the decisions normalised for execution (``edit`` carries the real, validated
-    args). Raises :class:`InvalidRequest` (422) or :class:`Forbidden` (403); nothing changes.
+    Returns the decisions paired with their calls (``call_id`` set; an :class:`Edit` carrying the
+    real, validated args). Raises :class:`InvalidRequest` (422) or :class:`Forbidden` (403);
+    nothing changes.
     """
     if len(decisions) != len(gated_calls):
         raise InvalidRequest(
@@ -90,34 +101,28 @@ def check_decisions(tools: Mapping[str, Tool], gated_calls: Sequence[CallItem], 
             code="decision_count_mismatch",
             fields=[FieldError(("decisions",), f"expected {len(gated_calls)} items", "length")],
         )
-    normalised: list[dict[str, Any]] = []
+    normalised: list[Decision] = []
     for index, (call, decision) in enumerate(zip(gated_calls, decisions, strict=True)):
         tool = tools.get(call.name)
-        kind = decision["decision"]
         allowed = tool.allowed_decisions if tool else ("reject",)
-        if kind not in allowed:  # a tool the agent no longer has can still be rejected
+        if decision.decision not in allowed:  # a tool the agent no longer has can still be rejected
             raise Forbidden(
-                f"decision {kind!r} is not allowed for {call.name} (allowed: {', '.join(allowed)})",
+                f"decision {decision.decision!r} is not allowed for {call.name} (allowed: {', '.join(allowed)})",
                 code="decision_not_allowed",
                 fields=[FieldError(("decisions", index, "decision"), f"allowed: {list(allowed)}", "not_allowed")],
             )
-        entry: dict[str, Any] = {"call_id": call.id, "decision": kind}
-        if kind == "reject":
-            entry["reason"] = decision.get("reason")
-        elif kind == "respond":
-            entry["message"] = decision["message"]
-        elif kind == "edit":
+        if isinstance(decision, Edit):
             assert tool is not None  # a vanished tool allows only reject
-            entry["args"] = _edited_args(tool, index, call.args, decision["args"])
-        normalised.append(entry)
+            decision = decision.model_copy(update={"args": _edited_args(tool, index, call.args, decision.args)})
+        normalised.append(decision.model_copy(update={"call_id": call.id}))
     return normalised
 
 
 def check_four_eyes(
     tools: Mapping[str, Tool],
     policy: FourEyesPolicy,
-    action_requests: Sequence[dict[str, Any]],
-    normalised: Sequence[dict[str, Any]],
+    action_requests: Sequence[ActionRequest],
+    normalised: Sequence[Decision],
     *,
     decider: str,
     requester: str | None,
@@ -127,14 +132,14 @@ def check_four_eyes(
     was marked so when it was parked, or if its tool or the policy says so now."""
     if requester is None or decider != requester:
         return
-    marked = {r["call_id"] for r in action_requests if r.get("four_eyes")}
+    asked = {r.call_id: r for r in action_requests}
     for index, decision in enumerate(normalised):
-        if decision["decision"] not in ("approve", "edit"):
+        if not isinstance(decision, Approve | Edit):
             continue
-        call_id = decision["call_id"]
-        name = next((r["action"] for r in action_requests if r["call_id"] == call_id), None)
+        request = asked.get(decision.call_id)
+        name = request.action if request is not None else None
         tool = tools.get(name) if name is not None else None
-        if call_id in marked or (tool is not None and needs_four_eyes(tool, policy)):
+        if (request is not None and request.four_eyes) or (tool is not None and needs_four_eyes(tool, policy)):
             raise Forbidden(
                 f"{name} needs four eyes: someone other than {requester!r}, who started this run, must approve it (you may still reject it)",
                 code="four_eyes_required",

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..events import Done, Status
 from ..models import ChatMessage
+from ..review import Approve, Edit, Expired, Reject, Respond
 from ..store import MessageRecord, Store
 from ._end import Stop
 from ._turn import CallItem
@@ -147,7 +148,7 @@ class CheckpointRecovery:
         """Settle the calls a dead process left without a stored result; True if parked."""
         seg = self._segment
         latest = await seg.store.latest_interrupt(seg.run.id)
-        known = {c["id"]: CallItem.from_json(c) for c in (latest.turn["calls"] if latest is not None else [])}
+        known = {c.id: CallItem.from_parked(c) for c in (latest.turn.calls if latest is not None else ())}
         calls: list[CallItem] = []
         to_run: list[CallItem] = []
         to_review: list[CallItem] = []
@@ -162,14 +163,14 @@ class CheckpointRecovery:
                 data = logged.results[call.id]
                 call.settle(data["status"], result=data.get("result"), error=data.get("error"), reason=data.get("reason"))
                 continue
-            may_have_run = (call.decision or {}).get("decision") in ("approve", "edit") or not (announced or {}).get("gated")
+            may_have_run = isinstance(call.decision, Approve | Edit) or not (announced or {}).get("gated")
             if tool is None and announced is not None and announced.get("risk") != "read_only" and may_have_run:
                 # Its tool is gone now (an MCP server not up again after the restart), and it may
                 # have run: its outcome is unknown, and it is never run again on its own.
                 call.settle("unknown", reason=f"the server stopped while this ran, and {call.name!r} is not available now; its outcome is unknown")
             elif tool is None:
                 call.settle("error", error=f"unknown tool {call.name!r}")
-            elif call.decision is not None and call.decision["decision"] in ("reject", "respond", "expired"):
+            elif isinstance(call.decision, Reject | Respond | Expired):
                 call.apply_decision()  # decided, never run
             elif tool.risk == "read_only" and args_known:
                 to_run.append(call)

@@ -24,7 +24,7 @@ from ..tools import Tool, ToolContext
 from ._end import Stop
 from ._gate import FourEyesPolicy, action_request, needs_four_eyes, review_config
 from ._storable import describe_exception
-from ._turn import CallItem, ParkedTurn, json_safe, model_view, turn_messages
+from ._turn import CallItem, TurnCalls, json_safe, model_view, turn_messages
 
 if TYPE_CHECKING:
     from ._segment import Segment
@@ -120,28 +120,26 @@ class ToolCalls:
         now = utcnow()
         expires = now + timedelta(seconds=ttl)
         interrupt_id = new_id("int")
-        requests = [action_request(t, c.id, c.args, four_eyes=needs_four_eyes(t, self._four_eyes)) for t, c in zip(tools, gated, strict=True)]
-        for request, call in zip(requests, gated, strict=True):
-            if call.outcome_unknown:
-                request["outcome_unknown"] = True
-                request["description"] = "Outcome unknown — the server stopped while this ran. Run it again? " + request["description"]
+        requests = [
+            action_request(t, c.id, c.args, four_eyes=needs_four_eyes(t, self._four_eyes), outcome_unknown=c.outcome_unknown)
+            for t, c in zip(tools, gated, strict=True)
+        ]
         configs = [review_config(t) for t in tools]
         await seg.events.wait_for_idle()
         event = seg.events.seal(Interrupt(interrupt_id=interrupt_id, action_requests=requests, review_configs=configs, expires_at=format_ts(expires)))
-        turn = ParkedTurn(seg.leaf_id, calls, list(seg.steering))
         record = InterruptRecord(
-            interrupt_id,
-            seg.run.id,
-            seg.run.thread_id,
-            "pending",
-            requests,
-            configs,
-            turn.to_json(),
-            None,
-            None,
-            now,
-            expires,
-            None,
+            id=interrupt_id,
+            run_id=seg.run.id,
+            thread_id=seg.run.thread_id,
+            status="pending",
+            action_requests=requests,
+            review_configs=configs,
+            turn=TurnCalls(seg.leaf_id, calls, list(seg.steering)).parked(),
+            decisions=None,
+            resolved_by=None,
+            created_at=now,
+            expires_at=expires,
+            resolved_at=None,
         )
         if await seg.store.open_interrupt(record, event):
             seg.parked = True
@@ -155,7 +153,7 @@ class ToolCalls:
         """Give every unsettled call the ``cancelled`` result, store one tool message per call
         in the model's order (once the results are durable), and return them as history."""
         seg = self._segment
-        for call in ParkedTurn(seg.leaf_id, calls).settle_unrun("run cancelled before it ran"):
+        for call in TurnCalls(seg.leaf_id, calls).settle_unrun("run cancelled before it ran"):
             seg.events.emit(call.result_event())
         await seg.events.wait_for_idle()  # results are stored only once they are announced
         history: list[ChatMessage] = []
@@ -168,7 +166,7 @@ class ToolCalls:
     async def apply_review(self, interrupt: InterruptRecord) -> list[ChatMessage]:
         """Carry out the decisions (or the expiry) of a resolved interrupt, then rebuild history."""
         seg = self._segment
-        turn = ParkedTurn.from_json(interrupt.turn)
+        turn = TurnCalls.from_parked(interrupt.turn)
         seg.leaf_id = turn.assistant_message_id
         to_run: list[CallItem] = []
         for call in turn.undecided:

@@ -19,16 +19,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._ids import new_id
-from ..events import RunError, ToolCall, ToolResult, ToolStatus
+from ..events import RunError, ToolCall, ToolResult
 from ..models import ToolCallRequest
+from ..review import Approve, Decision, Edit, ParkedCall, ParkedTurn, Reject, Respond, ToolStatus
 from ..store import MessageRecord
 from ..tools import Tool, ToolArgsError
 from ._gate import is_gated
 from ._storable import storable_json, storable_text
 
-__all__ = ["CallItem", "ModelTurn", "ParkedTurn", "announce_calls", "json_safe", "masked_args", "model_view", "parse_args", "tool_message_content", "turn_messages"]
+__all__ = [
+    "CallItem",
+    "ModelTurn",
+    "TurnCalls",
+    "announce_calls",
+    "json_safe",
+    "masked_args",
+    "model_view",
+    "parse_args",
+    "tool_message_content",
+    "turn_messages",
+]
 
-#: What a decision that does not run the tool records (``approve``/``edit`` run it).
+#: What a call that is not run records, by why: a rejection, a response, or an expired window.
 _NOT_RUN: dict[str, tuple[ToolStatus, str]] = {
     "reject": ("rejected", "rejected by reviewer"),
     "respond": ("responded", ""),
@@ -89,8 +101,9 @@ class CallItem:
     result: Any = None
     error: str | None = None
     reason: str | None = None
-    #: The human's decision once decided (``{"call_id", "decision", …}``), or None.
-    decision: dict[str, Any] | None = None
+    #: The human's decision once decided (an :class:`~tether.review.Edit` carries the real
+    #: arguments), or None (undecided; at the end of the window, expired).
+    decision: Decision | None = None
     #: True when a crash cut off an earlier execution: whether it had an effect is unknown.
     outcome_unknown: bool = False
 
@@ -106,21 +119,23 @@ class CallItem:
     def apply_decision(self) -> bool:
         """Turn the recorded decision (none means expired) into a result; True if the tool
         is to run (``approve``, or ``edit`` with the edited args)."""
-        decision = self.decision or {"decision": "expired"}
-        kind = decision["decision"]
-        if kind in ("approve", "edit"):
-            if kind == "edit":
-                self.args = decision["args"]
-            return True
-        if self.outcome_unknown and kind in ("reject", "expired"):
-            # Not run again; whether its first run had an effect stays unknown.
-            self.settle("unknown", reason=decision.get("reason") or "outcome unknown after a crash; not run again")
+        decision = self.decision
+        match decision:
+            case Approve():
+                return True
+            case Edit(args=args):
+                self.args = args
+                return True
+        reason = decision.reason if isinstance(decision, Reject) else None
+        if self.outcome_unknown and not isinstance(decision, Respond):
+            # Rejected or expired: not run again; whether its first run had an effect stays unknown.
+            self.settle("unknown", reason=reason or "outcome unknown after a crash; not run again")
             return False
-        status, default_reason = _NOT_RUN[kind]
-        if status == "responded":
-            self.settle(status, result=decision["message"])
-        else:
-            self.settle(status, reason=decision.get("reason") or default_reason)
+        if isinstance(decision, Respond):
+            self.settle("responded", result=decision.message)
+            return False
+        status, default_reason = _NOT_RUN["reject" if isinstance(decision, Reject) else "expired"]
+        self.settle(status, reason=reason or default_reason)
         return False
 
     def result_event(self) -> ToolResult:
@@ -143,38 +158,42 @@ class CallItem:
             status="cancelled" if self.status == "cancelled" else "complete",
         )
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form kept in the interrupt row."""
-        data: dict[str, Any] = {"id": self.id, "name": self.name, "args": self.args, "gated": self.gated, "status": self.status}
-        for key in ("result", "error", "reason", "decision"):
-            value = getattr(self, key)
-            if value is not None:
-                data[key] = value
-        if self.outcome_unknown:
-            data["outcome_unknown"] = True
-        return data
+    def parked(self) -> ParkedCall:
+        """The call as the interrupt row keeps it."""
+        return ParkedCall(
+            id=self.id,
+            name=self.name,
+            args=self.args,
+            gated=self.gated,
+            status=self.status,
+            result=self.result,
+            error=self.error,
+            reason=self.reason,
+            decision=self.decision,
+            outcome_unknown=self.outcome_unknown,
+        )
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CallItem:
-        """Read the JSON form back."""
+    def from_parked(cls, call: ParkedCall) -> CallItem:
+        """The call of a parked turn, to work on."""
         return cls(
-            id=data["id"],
-            name=data["name"],
-            args=data.get("args", {}),
-            gated=bool(data.get("gated")),
-            status=data.get("status"),
-            result=data.get("result"),
-            error=data.get("error"),
-            reason=data.get("reason"),
-            decision=data.get("decision"),
-            outcome_unknown=bool(data.get("outcome_unknown")),
+            id=call.id,
+            name=call.name,
+            args=call.args,
+            gated=call.gated,
+            status=call.status,
+            result=call.result,
+            error=call.error,
+            reason=call.reason,
+            decision=call.decision,
+            outcome_unknown=call.outcome_unknown,
         )
 
 
 @dataclass(slots=True)
-class ParkedTurn:
-    """A model turn waiting for a human: every call in the model's order, and the steering messages
-    that were queued when it parked (they join the history after the results)."""
+class TurnCalls:
+    """A parked turn as the runtime works on it (its calls settled one by one): made from the
+    :class:`~tether.review.ParkedTurn` the store read, and made back into one to store."""
 
     #: The assistant message that asked for the calls (the tool messages follow it).
     assistant_message_id: str | None
@@ -194,22 +213,14 @@ class ParkedTurn:
             call.settle("cancelled", reason=reason)
         return unrun
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form kept in the interrupt row."""
-        return {
-            "assistant_message_id": self.assistant_message_id,
-            "calls": [c.to_json() for c in self.calls],
-            "steering": [list(s) for s in self.steering],
-        }
+    def parked(self) -> ParkedTurn:
+        """The turn as the interrupt row keeps it."""
+        return ParkedTurn(assistant_message_id=self.assistant_message_id, calls=tuple(c.parked() for c in self.calls), steering=tuple(self.steering))
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ParkedTurn:
-        """Read the JSON form back."""
-        return cls(
-            data.get("assistant_message_id"),
-            [CallItem.from_json(c) for c in data.get("calls", [])],
-            [(str(m), str(c)) for m, c in data.get("steering", [])],
-        )
+    def from_parked(cls, turn: ParkedTurn) -> TurnCalls:
+        """The turn the store read, to work on."""
+        return cls(turn.assistant_message_id, [CallItem.from_parked(c) for c in turn.calls], list(turn.steering))
 
 
 @dataclass(slots=True)

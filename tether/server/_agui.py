@@ -39,7 +39,7 @@ from ._access import Access
 from ._deps import access_of, actor_of, runtime_of, sse_ping_s_of
 from ._errors import status_for
 from ._openapi import AGUI_STREAM
-from ._schemas import AguiRunInput, AguiTetherProps, ResumeThread
+from ._schemas import AguiRunInput, AguiTetherProps, ResumeThread, decision_of
 from ._sse import SSE_HEADERS, EventStreamResponse, stopping_comment
 
 
@@ -268,7 +268,7 @@ async def _start(access: Access, runtime: Runtime, body: AguiRunInput, props: Ag
     thread = await _thread_for_run(access, body.thread_id)
     pending = await store.pending_interrupts(thread_ids=[thread.id])
     if pending:
-        ids = [agui_interrupt_id(i.id, r["call_id"]) for i in pending for r in i.action_requests]
+        ids = [agui_interrupt_id(i.id, r.call_id) for i in pending for r in i.action_requests]
         raise Conflict("the thread waits for answers to its interrupts: send them as resume", code="interrupt_pending", details={"interrupts": ids})
     plan = plan_run([m.model_dump(by_alias=True) for m in body.messages], await store.thread_messages(thread.id), thread.active_leaf_id)
     run = await runtime.start_run(
@@ -301,7 +301,7 @@ async def _resume(access: Access, runtime: Runtime, body: AguiRunInput, actor: s
         raise InvalidRequest("invalid resume payload", code="invalid_resume_payload", fields=fields) from None
     after = await store.last_seq(interrupt.run_id)  # the run is parked: nothing is appended until the resume
     snapshot = parked_messages(await store.path_to(thread.id, thread.active_leaf_id), interrupt)
-    await runtime.resume(thread.id, interrupt.id, [d.model_dump() for d in checked.decisions], actor=actor)
+    await runtime.resume(thread.id, interrupt.id, [decision_of(d) for d in checked.decisions], actor=actor)
     return interrupt.run_id, after, snapshot
 
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 
 from ..errors import NotFound, TetherError
+from ..review import Approve, Decision, Reject
 from ._deps import access_of, actor_of, runtime_of
 from ._errors import status_for
 from ._schemas import DecideMany
@@ -45,10 +46,8 @@ async def decide_many(request: Request, body: DecideMany) -> dict[str, Any]:
                 interrupt = await access.interrupt_to_decide(found.thread_id, interrupt_id)
             except NotFound:  # missing, or not the caller's to see: the same answer
                 raise NotFound(f"interrupt {interrupt_id!r} not found", code="interrupt_not_found") from None
-            decision: dict[str, Any] = {"decision": body.decision}
-            if body.decision == "reject":
-                decision["reason"] = body.reason
-            decisions = [dict(decision) for _ in interrupt.action_requests]
+            decision: Decision = Reject(reason=body.reason) if body.decision == "reject" else Approve()
+            decisions = [decision for _ in interrupt.action_requests]
             run = await runtime.resume(interrupt.thread_id, interrupt_id, decisions, actor=actor_of(request))
             results.append({"interrupt_id": interrupt_id, "status": 200, "run": await load_run_view(access.store, run), "error": None})
         except TetherError as exc:

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 
 from ._deps import access_of, actor_of, runtime_of
-from ._schemas import ResumeThread
+from ._schemas import ResumeThread, decision_of
 from ._views import audit_entry_view, load_run_view
 
 router = APIRouter(tags=["review"])
@@ -25,7 +25,7 @@ async def resume_thread(request: Request, thread_id: str, body: ResumeThread) ->
     """
     access = access_of(request)
     await access.interrupt_to_decide(thread_id, body.interrupt_id)
-    decisions = [d.model_dump() for d in body.decisions]
+    decisions = [decision_of(d) for d in body.decisions]
     run = await runtime_of(request).resume(thread_id, body.interrupt_id, decisions, actor=actor_of(request))
     return await load_run_view(access.store, run)
 

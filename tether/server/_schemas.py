@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from .. import review
 from ..runtime import RunConfig
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "SteeringMessage",
     "ResumeThread",
     "DecisionBody",
+    "decision_of",
     "DecideMany",
     "AguiMessage",
     "AguiResumeEntry",
@@ -198,6 +200,17 @@ class Respond(BaseModel):
 
 
 DecisionBody = Annotated[Approve | Reject | Edit | Respond, Field(discriminator="decision")]
+
+
+def decision_of(body: Approve | Reject | Edit | Respond) -> review.Decision:
+    """A decision as the API received it (validated), as the review record the core works with."""
+    if isinstance(body, Reject):
+        return review.Reject(reason=body.reason)
+    if isinstance(body, Edit):
+        return review.Edit(args=body.args)
+    if isinstance(body, Respond):
+        return review.Respond(message=body.message)
+    return review.Approve()
 
 
 class ResumeThread(BaseModel):

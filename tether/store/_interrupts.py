@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from .._ids import as_utc
 from ..errors import InterruptExpired, InterruptResolved, NotFound
 from ..events import StoredEvent, format_ts
+from ..review import Decision, ParkedTurn
 from ._events import EventStore
 from ._records import AuditEntry, InterruptRecord, RunRecord, RunStatus, audit_entry, interrupt_record, run_record
 from ._tables import audit, interrupts, runs
@@ -55,10 +56,7 @@ class ReviewStore(EventStore):
                     run_id=record.run_id,
                     thread_id=record.thread_id,
                     status="pending",
-                    action_requests=record.action_requests,
-                    review_configs=record.review_configs,
-                    turn=record.turn,
-                    decisions=None,
+                    **record.columns(),
                     resolved_by=None,
                     created_at=record.created_at,
                     expires_at=record.expires_at,
@@ -135,8 +133,8 @@ class ReviewStore(EventStore):
         *,
         to_status: str,
         now: datetime,
-        decisions: list[dict[str, Any]] | None,
-        turn: dict[str, Any],
+        decisions: list[Decision] | None,
+        turn: ParkedTurn,
         actor: str,
         make_event: Callable[[str, int], StoredEvent],
         audit_entries: Sequence[AuditEntry],
@@ -156,8 +154,12 @@ class ReviewStore(EventStore):
             _refuse_unless_pending(current, now, expiring=to_status == "expired")
             condition = [interrupts.c.id == interrupt_id, interrupts.c.status == "pending"]
             condition.append(interrupts.c.expires_at <= now if to_status == "expired" else interrupts.c.expires_at > now)
+            left = dataclasses.replace(current, status=to_status, decisions=decisions, turn=turn, resolved_by=actor, resolved_at=now)
+            columns = left.columns()
             result = await conn.execute(
-                interrupts.update().where(*condition).values(status=to_status, decisions=decisions, turn=turn, resolved_by=actor, resolved_at=now)
+                interrupts.update()
+                .where(*condition)
+                .values(status=to_status, decisions=columns["decisions"], turn=columns["turn"], resolved_by=actor, resolved_at=now)
             )
             if result.rowcount != 1:
                 raise InterruptResolved(f"interrupt {interrupt_id!r} was resolved by someone else")
@@ -175,24 +177,8 @@ class ReviewStore(EventStore):
                 await conn.execute(audit.insert(), [e.values() for e in audit_entries])
             run_row = (await conn.execute(runs.select().where(runs.c.id == current.run_id))).first()
             if self.outbox is not None:
-                left = dataclasses.replace(current, status=to_status, decisions=decisions, resolved_by=actor, resolved_at=now)
                 await self.outbox.interrupt_left(conn, left)
-        updated = InterruptRecord(
-            current.id,
-            current.run_id,
-            current.thread_id,
-            to_status,
-            current.action_requests,
-            current.review_configs,
-            turn,
-            decisions,
-            actor,
-            current.created_at,
-            current.expires_at,
-            now,
-            current.requested_by,
-        )
-        return updated, event, run_record(run_row)
+        return left, event, run_record(run_row)
 
     async def add_audit(self, entries: Sequence[AuditEntry]) -> None:
         """Append audit entries."""

@@ -14,8 +14,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from .._ids import as_utc, new_id, utcnow
 from ..events import CancelMode
+from ..review import DECISIONS, ActionRequest, Decision, ParkedTurn, ReviewConfig
 
 __all__ = [
     "RunStatus",
@@ -162,24 +165,35 @@ class MessageRecord:
     edited_from_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InterruptRecord:
-    """An interrupt row."""
+    """An interrupt row, its JSON columns parsed once into review records."""
 
     id: str
     run_id: str
     thread_id: str
     status: str
-    action_requests: list[dict[str, Any]]
-    review_configs: list[dict[str, Any]]
-    turn: dict[str, Any]
-    decisions: list[dict[str, Any]] | None
+    action_requests: list[ActionRequest]
+    review_configs: list[ReviewConfig]
+    #: The turn waiting for the decisions (with them, once decided).
+    turn: ParkedTurn
+    #: The decisions as shown (an edit's arguments masked); None until decided.
+    decisions: list[Decision] | None
     resolved_by: str | None
     created_at: datetime
     expires_at: datetime
     resolved_at: datetime | None
     #: The principal who started the interrupted run (read from the run).
     requested_by: str | None = None
+
+    def columns(self) -> dict[str, Any]:
+        """The JSON columns of the row (``action_requests``, ``review_configs``, ``turn``, ``decisions``)."""
+        return {
+            "action_requests": [a.model_dump(mode="json") for a in self.action_requests],
+            "review_configs": [c.model_dump(mode="json") for c in self.review_configs],
+            "turn": self.turn.model_dump(mode="json"),
+            "decisions": DECISIONS.dump_python(self.decisions, mode="json") if self.decisions is not None else None,
+        }
 
 
 #: The roles a principal may have: ``user`` works in their own threads, ``approver`` may read
@@ -355,17 +369,21 @@ def message_values(message: MessageRecord) -> dict[str, Any]:
     }
 
 
+_ACTION_REQUESTS: TypeAdapter[list[ActionRequest]] = TypeAdapter(list[ActionRequest])
+_REVIEW_CONFIGS: TypeAdapter[list[ReviewConfig]] = TypeAdapter(list[ReviewConfig])
+
+
 def interrupt_record(row: Any) -> InterruptRecord:
-    """An :class:`InterruptRecord` from an ``interrupts`` row."""
+    """An :class:`InterruptRecord` from an ``interrupts`` row: its JSON parsed here, once."""
     return InterruptRecord(
         id=row.id,
         run_id=row.run_id,
         thread_id=row.thread_id,
         status=row.status,
-        action_requests=row.action_requests,
-        review_configs=row.review_configs,
-        turn=row.turn,
-        decisions=row.decisions,
+        action_requests=_ACTION_REQUESTS.validate_python(row.action_requests),
+        review_configs=_REVIEW_CONFIGS.validate_python(row.review_configs),
+        turn=ParkedTurn.model_validate(row.turn),
+        decisions=DECISIONS.validate_python(row.decisions) if row.decisions is not None else None,
         resolved_by=row.resolved_by,
         created_at=as_utc(row.created_at),
         expires_at=as_utc(row.expires_at),

@@ -196,12 +196,12 @@ class Telemetry(RunObserver):
         self.histograms.review.observe(max(end - start, 0) / 1e9, outcome)
         if self._maker is None:
             return
-        decisions = [str(d.get("decision")) for d in interrupt.decisions or []] if outcome != "cancelled" else ["cancel"]
+        decisions = [d.decision for d in interrupt.decisions or []] if outcome != "cancelled" else ["cancel"]
         attributes = {
             "gen_ai.conversation.id": run.thread_id,
             "tether.run.id": run.id,
             "tether.interrupt.id": interrupt.id,
-            "tether.review.tools": [str(a.get("action")) for a in interrupt.action_requests],
+            "tether.review.tools": [a.action for a in interrupt.action_requests],
             "tether.review.decisions": decisions,
             "tether.review.actor": actor or interrupt.resolved_by or "",
             "tether.review.outcome": outcome,

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from .._ids import new_id, utcnow
 from ..events import format_ts
+from ..review import Decision, Reject
 from ..store._tables import runs
 from ._config import WebhookSettings
 from ._tables import webhook_outbox
@@ -83,7 +84,7 @@ class Outbox:
             "requested_by": requested_by,
             "status": interrupt.status,
             # Sensitive arguments are masked in the record already, as reviewers see them.
-            "actions": interrupt.action_requests,
+            "actions": [a.model_dump(mode="json") for a in interrupt.action_requests],
             "created_at": format_ts(interrupt.created_at),
             "expires_at": format_ts(interrupt.expires_at),
             "url": self._link(interrupt.thread_id),
@@ -106,8 +107,9 @@ class Outbox:
         if interrupt.status == "expired":
             await self._insert(conn, "interrupt.expired", interrupt.thread_id, data, interrupt_id=interrupt.id)
             return
-        # An edit's arguments may hold what masking hides: only each decision's kind goes out.
-        data["decisions"] = [{"type": d.get("type")} for d in interrupt.decisions or []]
+        # An edit's arguments may hold what masking hides, a response may be long: each decision
+        # goes out as its call, its kind and, for a rejection, the reason given.
+        data["decisions"] = [_decision_payload(d) for d in interrupt.decisions or []]
         data["decided_by"] = interrupt.resolved_by
         await self._insert(conn, "interrupt.decided", interrupt.thread_id, data, interrupt_id=interrupt.id)
 
@@ -121,3 +123,11 @@ class Outbox:
         if event_type == "run.failed" and isinstance(error, dict):
             data["error"] = {"code": error.get("code"), "message": error.get("message")}
         await self._insert(conn, event_type, thread_id, data)
+
+
+def _decision_payload(decision: Decision) -> dict[str, Any]:
+    """One decision as ``interrupt.decided`` carries it: ``{call_id, type, reason?}``."""
+    payload: dict[str, Any] = {"call_id": decision.call_id, "type": decision.decision}
+    if isinstance(decision, Reject):
+        payload["reason"] = decision.reason
+    return payload
