@@ -184,6 +184,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/threads"): everyone(),
     ("POST", "/v1/threads"): everyone(body=lambda w: {"metadata": {}}),
     ("GET", "/v1/threads/{thread_id}"): Case(OK, NOT_THREAD, OK),
+    ("PATCH", "/v1/threads/{thread_id}"): Case(OK, NOT_THREAD, READ_ONLY, body=lambda w: {"title": "renamed"}),
     ("GET", "/v1/threads/{thread_id}/messages"): Case(OK, NOT_THREAD, OK, params={"view": "tree"}),
     ("PUT", "/v1/threads/{thread_id}/active_leaf"): Case(OK, NOT_THREAD, READ_ONLY, body=lambda w: {"message_id": w.answer_a}),
     ("GET", "/v1/runs/{run_id}"): Case(OK, NOT_RUN, OK),

@@ -14,10 +14,11 @@ T0_TEXT = "2026-11-30T20:00:00.123456Z"
 
 
 def test_a_thread_view_has_the_documented_fields_in_order() -> None:
-    thread = ThreadRecord("thr_1", "alice", {"k": 1}, "msg_2", T0)
+    thread = ThreadRecord("thr_1", "alice", {"k": 1}, "msg_2", T0, "Refunds")
     assert thread_view(thread, active_run_id="run_1", pending_interrupt={"id": "int_1"}) == {
         "id": "thr_1",
         "owner": "alice",
+        "title": "Refunds",
         "metadata": {"k": 1},
         "active_leaf_id": "msg_2",
         "active_run_id": "run_1",
@@ -27,6 +28,7 @@ def test_a_thread_view_has_the_documented_fields_in_order() -> None:
     assert list(thread_view(thread, active_run_id=None)) == [
         "id",
         "owner",
+        "title",
         "metadata",
         "active_leaf_id",
         "active_run_id",

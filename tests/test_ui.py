@@ -1383,3 +1383,75 @@ def test_an_mcp_write_shows_its_tier_and_source_on_the_card_and_an_mcp_image_sho
             page.wait_for_function("img => img && img.complete && img.naturalWidth === 96", arg=stored.locator(".block-image img").element_handle())
     finally:
         live.stop()
+
+
+# -- thread titles -----------------------------------------------------------------------------
+
+
+def test_a_thread_is_titled_after_its_first_message_and_renamed_from_the_header(page: Page, server: LiveServer, api: httpx.Client, axe_source: str) -> None:
+    open_ui(page, server)
+    expect(page.locator("#thread-title")).to_have_text("New thread")
+    expect(page.locator("#rename-btn")).to_be_hidden()  # nothing to rename before the first message
+    send_and_finish(page, "order   A100\nplease")
+    first = thread_id(page)
+    title = page.locator("#thread-title")
+    expect(title).to_have_text("order A100 please")  # on one line, as the server titled it
+    assert api.get(f"/v1/threads/{first}").json()["title"] == "order A100 please"
+    item = page.locator(f".thread-item[data-thread-id='{first}'] .thread-name")
+    expect(item).to_have_text("order A100 please")
+
+    page.locator("#new-thread").click()
+    pending_card(page, "charge 4242424242424242 10 please, it is urgent")
+    second = thread_id(page)
+    expect(title).to_have_text("charge ****4242 10 please, it is urgent")  # no card number in the header or the list
+    expect(page.locator(f".thread-item[data-thread-id='{second}'] .thread-name")).to_have_text("charge ****4242 10 please, it is urgent")
+    page.locator("#stop").click()
+    expect(conn(page)).to_have_attribute("data-state", "cancelled")
+    wait_settled(page)
+
+    rename = page.get_by_role("button", name="Rename thread")
+    rename.click()
+    dialog = page.locator("#rename")
+    box = page.get_by_role("textbox", name="Title")
+    expect(dialog).to_be_visible()
+    expect(box).to_be_focused()
+    expect(box).to_have_value("charge ****4242 10 please, it is urgent")
+    box.fill("   ")
+    page.locator("#rename-save").click()
+    expect(page.locator("#rename-error")).to_have_text("Write a title first.")
+    expect(box).to_have_attribute("aria-invalid", "true")
+    expect(box).to_have_accessible_description("Write a title first.")
+    box.fill("Card charge for Ada")
+    assert_accessible(page, axe_source, "rename dialog")
+    shot(page, "rename-thread", dialog, desktop=True)
+    box.press("Enter")
+
+    expect(dialog).to_be_hidden()
+    expect(title).to_have_text("Card charge for Ada")
+    expect(rename).to_be_focused()  # back where the person was
+    expect(page.locator(f".thread-item[data-thread-id='{second}'] .thread-name")).to_have_text("Card charge for Ada")
+    assert api.get(f"/v1/threads/{second}").json()["title"] == "Card charge for Ada"
+    expect(item).to_have_text("order A100 please")  # the other thread keeps its own
+
+    # Esc leaves the dialog without renaming (and stops nothing).
+    rename.click()
+    expect(box).to_be_focused()
+    box.fill("not this")
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    assert api.get(f"/v1/threads/{second}").json()["title"] == "Card charge for Ada"
+
+    page.reload()
+    expect(page.locator("body")).to_have_attribute("data-ready", "true")
+    expect(title).to_have_text("Card charge for Ada")
+    # On a phone the header shows the title (the brand steps aside) and Rename as an icon.
+    page.set_viewport_size(MOBILE)
+    expect(title).to_be_visible()
+    expect(rename).to_be_visible()
+    box_of = rename.bounding_box()
+    assert box_of is not None and box_of["x"] + box_of["width"] <= MOBILE["width"]
+    assert page.evaluate("document.documentElement.scrollWidth") <= MOBILE["width"], "the page scrolls sideways on a phone"
+    assert_accessible(page, axe_source, "thread title on a phone")
+    page.locator("#toggle-threads").click()
+    expect(page.locator(f".thread-item[data-thread-id='{first}'] .thread-name")).to_be_in_viewport()
+    shot(page, "thread-titles", page.locator("#sidebar"), desktop=False)

@@ -109,9 +109,16 @@ class AsyncClient:
 
     # -- threads ---------------------------------------------------------------------------
 
-    async def create_thread(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Create a thread."""
-        return await self._json("POST", "/v1/threads", json={"metadata": metadata or {}})
+    async def create_thread(self, metadata: dict[str, Any] | None = None, *, title: str | None = None) -> dict[str, Any]:
+        """Create a thread (without a ``title``, it takes one from its first message)."""
+        body: dict[str, Any] = {"metadata": metadata or {}}
+        if title is not None:
+            body["title"] = title
+        return await self._json("POST", "/v1/threads", json=body)
+
+    async def rename_thread(self, thread_id: str, title: str) -> dict[str, Any]:
+        """Give a thread a new title; returns the thread."""
+        return await self._json("PATCH", f"/v1/threads/{thread_id}", json={"title": title})
 
     async def get_thread(self, thread_id: str) -> dict[str, Any]:
         """Read a thread (with ``active_run_id``)."""

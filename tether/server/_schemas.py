@@ -11,9 +11,11 @@ from pydantic.alias_generators import to_camel
 
 from .. import review
 from ..runtime import RunConfig
+from ..store import MAX_TITLE_CHARS, clean_title
 
 __all__ = [
     "CreateThread",
+    "RenameThread",
     "RunInput",
     "CreateRun",
     "CancelRun",
@@ -100,11 +102,28 @@ def _check_text(value: str) -> str:
 Text = Annotated[str, AfterValidator(_check_text)]
 
 
+def _check_title(value: str) -> str:
+    """A thread's title on one line (runs of whitespace and control characters become one
+    space, ends trimmed): 1 to ``MAX_TITLE_CHARS`` characters."""
+    title = clean_title(value)
+    if not title:
+        raise ValueError("a title needs at least one visible character")
+    if len(title) > MAX_TITLE_CHARS:
+        raise ValueError(f"at most {MAX_TITLE_CHARS} characters (this is {len(title)})")
+    return title
+
+
+#: A thread's title, cleaned (``clean_title``) and checked.
+Title = Annotated[str, AfterValidator(_check_text), AfterValidator(_check_title)]
+
+
 class CreateThread(BaseModel):
     """``POST /v1/threads``."""
 
     model_config = _STRICT
     metadata: dict[str, Any] = Field(default_factory=dict)
+    #: The thread's title; left out, the thread takes one from its first message.
+    title: Title | None = None
 
     @field_validator("metadata")
     @classmethod
@@ -130,6 +149,13 @@ class CreateRun(BaseModel):
     #: root (editing the first message). A user message and no ``input``: regenerate its answer.
     parent_id: Text | None = Field(default=None, max_length=64)
     config: RunConfig = Field(default_factory=RunConfig)
+
+
+class RenameThread(BaseModel):
+    """``PATCH /v1/threads/{id}``."""
+
+    model_config = _STRICT
+    title: Title
 
 
 class SetActiveLeaf(BaseModel):

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 
 from ..store import MessageRecord, Store
 from ._deps import access_of, actor_of, store_of
-from ._schemas import CreateThread, MessageContent, SetActiveLeaf
+from ._schemas import CreateThread, MessageContent, RenameThread, SetActiveLeaf
 from ._views import load_thread_views, message_view, thread_view
 
 router = APIRouter(prefix="/v1/threads", tags=["threads"])
@@ -16,9 +16,10 @@ router = APIRouter(prefix="/v1/threads", tags=["threads"])
 
 @router.post("", status_code=201)
 async def create_thread(request: Request, body: CreateThread | None = None) -> dict[str, Any]:
-    """Create a thread, owned by the caller."""
+    """Create a thread, owned by the caller. Without a ``title`` it takes one from its first message."""
     store = store_of(request)
-    thread = await store.create_thread(owner=actor_of(request), metadata=(body or CreateThread()).metadata)
+    body = body or CreateThread()
+    thread = await store.create_thread(owner=actor_of(request), metadata=body.metadata, title=body.title)
     return thread_view(thread, active_run_id=None)
 
 
@@ -35,6 +36,19 @@ async def get_thread(request: Request, thread_id: str) -> dict[str, Any]:
     access = access_of(request)
     thread = await access.thread(thread_id)
     return (await load_thread_views(access.store, [thread]))[0]
+
+
+@router.patch("/{thread_id}")
+async def rename_thread(request: Request, thread_id: str, body: RenameThread) -> dict[str, Any]:
+    """Rename a thread: its owner only (approvers who may read it get 403 ``not_the_owner``).
+
+    The title is put on one line (runs of whitespace and control characters become one space)
+    and trimmed; then it must have 1 to 200 characters, else 422 ``validation_error``.
+    """
+    access = access_of(request)
+    thread = await access.thread(thread_id, to="write")
+    renamed = await access.store.rename_thread(thread.id, body.title)
+    return (await load_thread_views(access.store, [renamed]))[0]
 
 
 async def _with_siblings(store: Store, thread_id: str, page: list[MessageRecord]) -> list[dict[str, Any]]:

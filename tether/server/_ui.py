@@ -63,6 +63,7 @@ def render_index() -> str:
   <button type="button" id="toggle-threads" class="icon-btn" aria-controls="sidebar" aria-expanded="false">☰<span class="sr-only"> Threads</span></button>
   <h1 class="brand">Tether</h1>
   <span id="thread-title" class="thread-title"></span>
+  <button type="button" id="rename-btn" class="btn small" aria-label="Rename thread" hidden><span aria-hidden="true">✎</span><span class="wide-only"> Rename</span></button>
   <button type="button" id="audit-btn" class="btn small" disabled>Audit log</button>
   <span id="conn" class="conn" role="status" aria-live="polite" data-state="idle">ready</span>
 </header>
@@ -121,6 +122,18 @@ def render_index() -> str:
     <button type="button" id="approvals-reject" class="btn danger" disabled>Reject selected</button>
   </div>
   <p id="approvals-status" class="approvals-status" role="status" aria-live="polite"></p>
+</dialog>
+<dialog id="rename" class="audit signin rename" aria-labelledby="rename-title">
+  <form id="rename-form" novalidate>
+    <h2 id="rename-title">Rename thread</h2>
+    <label for="rename-input">Title</label>
+    <input id="rename-input" type="text" maxlength="200" autocomplete="off" spellcheck="true" aria-describedby="rename-error">
+    <p id="rename-error" class="card-error" role="alert"></p>
+    <div class="panel-actions">
+      <button type="submit" id="rename-save" class="btn primary">Save</button>
+      <button type="button" id="rename-cancel" class="btn">Cancel</button>
+    </div>
+  </form>
 </dialog>
 <dialog id="signin" class="audit signin" aria-labelledby="signin-title">
   <form id="signin-form" method="dialog">

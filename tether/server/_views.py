@@ -37,6 +37,7 @@ def thread_view(thread: ThreadRecord, *, active_run_id: str | None, pending_inte
     return {
         "id": thread.id,
         "owner": thread.owner,
+        "title": thread.title,
         "metadata": thread.metadata,
         "active_leaf_id": thread.active_leaf_id,
         "active_run_id": active_run_id,

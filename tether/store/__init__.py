@@ -47,6 +47,7 @@ from ._records import (
 )
 from ._runs import CreatedRun
 from ._store import Store
+from ._tree import MAX_TITLE_CHARS, clean_title, title_from_message
 
 __all__ = [
     "Store",
@@ -78,4 +79,7 @@ __all__ = [
     "SeenKey",
     "KEY_RETENTION",
     "creating_under",
+    "MAX_TITLE_CHARS",
+    "clean_title",
+    "title_from_message",
 ]

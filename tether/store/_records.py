@@ -112,6 +112,8 @@ class ThreadRecord:
     metadata: dict[str, Any]
     active_leaf_id: str | None
     created_at: datetime
+    #: Given, renamed, or taken from the first message; None until one of these.
+    title: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +302,7 @@ def args_digest(args: Any) -> str:
 
 def thread_record(row: Any) -> ThreadRecord:
     """A :class:`ThreadRecord` from a ``threads`` row."""
-    return ThreadRecord(row.id, row.owner, row.metadata or {}, row.active_leaf_id, as_utc(row.created_at))
+    return ThreadRecord(row.id, row.owner, row.metadata or {}, row.active_leaf_id, as_utc(row.created_at), row.title)
 
 
 def cancel_mode_of(value: str | None) -> CancelMode | None:

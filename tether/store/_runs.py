@@ -37,7 +37,7 @@ from ._records import (
     run_record,
 )
 from ._tables import ONE_ACTIVE_RUN_INDEX, Hot, audit, events, messages, runs, threads
-from ._tree import append_message, splits_a_tool_turn
+from ._tree import append_message, splits_a_tool_turn, title_from_message
 
 __all__ = ["RunStore", "CreatedRun"]
 
@@ -166,8 +166,13 @@ class RunStore(EventStore):
                 new_messages.append(first_turn)
             if new_messages:  # the input and the first turn in one statement (one round trip)
                 await conn.execute(Hot.insert_message, [message_values(m) for m in new_messages])
-            # The active leaf moves to the input, or past it to the first turn.
-            await conn.execute(Hot.set_active_leaf, {"of_thread": thread_id, "leaf_id": (first_turn or message).id, "now": now})
+            # The active leaf moves to the input, or past it to the first turn; a thread without
+            # a title takes it from this (its first) message.
+            leaf = {"of_thread": thread_id, "leaf_id": (first_turn or message).id, "now": now}
+            if content is not None:
+                await conn.execute(Hot.set_active_leaf_and_title, {**leaf, "title": title_from_message(content)})
+            else:
+                await conn.execute(Hot.set_active_leaf, leaf)
             await self._write_events(conn, run_id, written)
             # Under an Idempotency-Key: the key names this run, or the whole start rolls back.
             await record_created(conn, "run", run_id)
@@ -209,6 +214,7 @@ class RunStore(EventStore):
             [e.envelope for e in written],
             channels.EVENTS_CHANNEL,
             channels.events_payloads(self.instance_id, [(run_id, written[-1].seq)]),
+            title_from_message(content),
         )
         try:
             async with self._direct.connection() as direct:
@@ -430,7 +436,8 @@ WITH thread AS (
     UNION ALL
     SELECT $13::varchar, $1::varchar, $6::varchar, $3::varchar, 'assistant', '', 'partial', $7::timestamptz FROM thread WHERE $13::varchar IS NOT NULL
 ), new_leaf AS (
-    UPDATE {threads.name} SET active_leaf_id = $14::varchar, updated_at = $7::timestamptz WHERE id = $1::varchar AND EXISTS (SELECT 1 FROM thread)
+    UPDATE {threads.name} SET active_leaf_id = $14::varchar, updated_at = $7::timestamptz, title = COALESCE(title, $20::varchar)
+    WHERE id = $1::varchar AND EXISTS (SELECT 1 FROM thread)
 ), new_events AS (
     INSERT INTO {events.name} (run_id, seq, type, envelope)
     SELECT $3::varchar, e.seq, e.type, e.envelope FROM thread, unnest($15::int[], $16::varchar[], $17::text[]) AS e(seq, type, envelope)

@@ -77,6 +77,8 @@ threads = sa.Table(
     sa.Column("active_leaf_id", sa.String(64), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
+    # Given, renamed, or taken from the first message (migration 0012); null until then.
+    sa.Column("title", sa.String(200), nullable=True),
     sa.Index("ix_threads_owner_created", "owner", "created_at"),
 )
 
@@ -282,6 +284,16 @@ class Hot:
     insert_message = messages.insert()
     set_active_leaf = (
         threads.update().where(threads.c.id == sa.bindparam("of_thread")).values(active_leaf_id=sa.bindparam("leaf_id"), updated_at=sa.bindparam("now"))
+    )
+    #: The same, and the thread's title from its first message when it has none yet.
+    set_active_leaf_and_title = (
+        threads.update()
+        .where(threads.c.id == sa.bindparam("of_thread"))
+        .values(
+            active_leaf_id=sa.bindparam("leaf_id"),
+            updated_at=sa.bindparam("now"),
+            title=sa.func.coalesce(threads.c.title, sa.bindparam("title", type_=sa.String)),
+        )
     )
     mark_running = runs.update().where(runs.c.id == sa.bindparam("run_id"), runs.c.status == "queued").values(status="running", started_at=sa.bindparam("now"))
     insert_event = events.insert()

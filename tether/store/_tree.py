@@ -8,6 +8,7 @@ conditional write: ``UPDATE threads … WHERE NOT EXISTS (an active run)``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,7 +21,36 @@ from ._idempotency import record_created
 from ._records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
 from ._tables import Hot, has_active_run, messages, threads
 
-__all__ = ["TreeStore", "splits_a_tool_turn"]
+__all__ = ["TreeStore", "splits_a_tool_turn", "title_from_message", "clean_title", "MAX_TITLE_CHARS", "DERIVED_TITLE_CHARS"]
+
+#: The longest title a thread may be given (characters).
+MAX_TITLE_CHARS = 200
+#: The longest title taken from a first message (characters, its ``…`` included).
+DERIVED_TITLE_CHARS = 80
+_CARD_LIKE = re.compile(r"\d{12,19}")
+_NOT_PRINTABLE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
+
+
+def clean_title(text: str) -> str:
+    """A title on one line: every run of whitespace and control characters one space, trimmed."""
+    return _NOT_PRINTABLE.sub(" ", text).strip()
+
+
+def title_from_message(content: str) -> str | None:
+    """A thread's title from its first message: on one line and trimmed (:func:`clean_title`),
+    card-like numbers (12 to 19 digits) shown as ``****`` and their last four, and at most
+    :data:`DERIVED_TITLE_CHARS` characters, cut at a word where one is near, with ``…``. None
+    when nothing is left."""
+    text = clean_title(_CARD_LIKE.sub(lambda m: "****" + m.group(0)[-4:], content[: DERIVED_TITLE_CHARS * 25]))
+    if not text:
+        return None
+    if len(text) <= DERIVED_TITLE_CHARS:
+        return text
+    cut = text[: DERIVED_TITLE_CHARS - 1]
+    space = cut.rfind(" ")
+    if text[len(cut)] != " " and space >= DERIVED_TITLE_CHARS // 2:  # cut inside a word: at its start instead
+        cut = cut[:space]
+    return cut.rstrip() + "…"
 
 
 class TreeStore(StoreBase):
@@ -28,15 +58,20 @@ class TreeStore(StoreBase):
 
     # -- threads ---------------------------------------------------------------------------
 
-    async def create_thread(self, *, owner: str, metadata: dict[str, Any] | None = None, thread_id: str | None = None) -> ThreadRecord:
+    async def create_thread(
+        self, *, owner: str, metadata: dict[str, Any] | None = None, thread_id: str | None = None, title: str | None = None
+    ) -> ThreadRecord:
         """Create an empty thread; with ``thread_id`` under that id (an AG-UI client names its
-        threads), :class:`~tether.errors.Conflict` ``thread_exists`` if it is taken."""
+        threads), :class:`~tether.errors.Conflict` ``thread_exists`` if it is taken. Without a
+        ``title`` the thread takes one from its first message."""
         now = utcnow()
-        record = ThreadRecord(thread_id or new_id("thr"), owner, dict(metadata or {}), None, now)
+        record = ThreadRecord(thread_id or new_id("thr"), owner, dict(metadata or {}), None, now, title)
         try:
             async with self._writing() as conn:
                 await conn.execute(
-                    threads.insert().values(id=record.id, owner=owner, metadata=record.metadata, active_leaf_id=None, created_at=now, updated_at=now)
+                    threads.insert().values(
+                        id=record.id, owner=owner, metadata=record.metadata, active_leaf_id=None, created_at=now, updated_at=now, title=title
+                    )
                 )
                 # Under an Idempotency-Key: the key names this thread, or the insert rolls back.
                 await record_created(conn, "thread", record.id)
@@ -52,6 +87,16 @@ class TreeStore(StoreBase):
             row = (await conn.execute(threads.select().where(threads.c.id == thread_id))).first()
         if row is None or (owner is not None and row.owner != owner):
             raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
+        return thread_record(row)
+
+    async def rename_thread(self, thread_id: str, title: str) -> ThreadRecord:
+        """Give a thread a new title (the caller checked it: :func:`clean_title`, at most
+        :data:`MAX_TITLE_CHARS`); :class:`NotFound` if the thread is missing."""
+        async with self._writing() as conn:
+            result = await conn.execute(threads.update().where(threads.c.id == thread_id).values(title=title, updated_at=utcnow()))
+            if result.rowcount != 1:
+                raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
+            row = (await conn.execute(threads.select().where(threads.c.id == thread_id))).first()
         return thread_record(row)
 
     async def list_threads(self, *, owner: str | None = None, limit: int = 100) -> list[ThreadRecord]:

@@ -8,6 +8,7 @@
  * - `thread.js`: one thread — opening, reading, following its live run, actions on messages;
  * - `chat.js`: the message view (stored messages, then the live run's part; focus after renders);
  * - `thread-list.js`: the sidebar (the thread list, the drawer on narrow screens);
+ * - `thread-rename.js`: the thread's title in the header and the Rename dialog;
  * - `composer.js`: the message box, Send and Stop; `settings.js`: the run settings;
  * - `controls.js`: what the page shows of the live run (indicator, status line, buttons, hints);
  * - `page-status.js`: the connection indicator, the status line and the error banner;
@@ -38,6 +39,7 @@ import { authenticate, signOut } from './sign-in.js';
 import { $, api, app, bindElements, els } from './state.js';
 import { openThread, refreshThread, threadFromUrl } from './thread.js';
 import { closeSidebar, refreshThreadList, sidebarOpen, wireThreadList } from './thread-list.js';
+import { wireRename } from './thread-rename.js';
 
 /** Esc closes the drawer, else stops a working run (soft). */
 function onEscape(event) {
@@ -79,6 +81,7 @@ async function init() {
   wireComposer();
   els.newThread.addEventListener('click', () => { openThread(null); els.input.focus(); });
   wireAuditLog();
+  wireRename();
   els.approvalsBtn.addEventListener('click', () => app.approvals.open());
   els.signOut.addEventListener('click', signOut);
   wireThreadList((threadId) => openThread(threadId));

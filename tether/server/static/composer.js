@@ -25,10 +25,8 @@ export async function send(event) {
   }
   await withSending(async () => {
     if (!app.threadId) {
-      // The title shows in the thread list: no card-like numbers there.
-      const masked = text.replace(/\d{12,19}/g, (digits) => `****${digits.slice(-4)}`);
-      const title = masked.length > 48 ? `${masked.slice(0, 47)}…` : masked;
-      const thread = await api.createThread({ title });
+      // The server titles the thread after its first message (card-like numbers masked).
+      const thread = await api.createThread();
       await openThread(thread.id);
     }
     const run = await api.startRun(app.threadId, { content: text, config: runConfig() });

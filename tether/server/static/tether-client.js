@@ -88,8 +88,15 @@ export class TetherClient {
 
   // -- threads ---------------------------------------------------------------------------
 
-  /** @param {Record<string, any>} [metadata] */
-  createThread(metadata = {}) { return this.request('POST', '/v1/threads', { metadata }); }
+  /**
+   * A new thread. Without a `title` it takes one from its first message.
+   * @param {Record<string, any>} [metadata] @param {{title?: string}} [options]
+   */
+  createThread(metadata = {}, { title } = {}) {
+    return this.request('POST', '/v1/threads', title === undefined ? { metadata } : { metadata, title });
+  }
+  /** Give a thread a new title (1–200 characters once on one line); its owner only. */
+  renameThread(threadId, title) { return this.request('PATCH', `/v1/threads/${enc(threadId)}`, { title }); }
   /** @returns {Promise<any[]>} newest first */
   async listThreads() { return (await this.request('GET', '/v1/threads')).items; }
   /** @param {string} threadId  the thread, with `active_run_id` and `pending_interrupt` */

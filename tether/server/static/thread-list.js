@@ -7,8 +7,10 @@
 import { button, h } from './dom.js';
 import { api, app, els } from './state.js';
 
+/** A thread's title: the server's (given, renamed, or from its first message), else an older
+ * client's `metadata.title`, else "Untitled thread" (its first message is still to come). */
 export function threadTitle(thread) {
-  return (thread.metadata && thread.metadata.title) || `Thread ${thread.id.slice(-6)}`;
+  return thread.title || (thread.metadata && typeof thread.metadata.title === 'string' && thread.metadata.title) || 'Untitled thread';
 }
 
 /** Read the threads again and list them (and refresh the Approvals count). */
@@ -28,7 +30,7 @@ export async function refreshThreadList() {
   };
   els.threadList.replaceChildren(...threads.map((thread) => h('li', {},
     button([
-      h('span', { class: 'thread-name', text: threadTitle(thread) }),
+      h('span', { class: 'thread-name', text: threadTitle(thread), title: threadTitle(thread) }),
       h('span', { class: 'thread-meta' },
         stateOf(thread),
         new Date(thread.created_at).toLocaleString([], { month: 'short', day: 'numeric', hour: '2-digit', minute: '2-digit' })),

@@ -13,7 +13,8 @@ import { LiveRun, compareWithServer } from './live-run.js';
 import { clearError, setConn, showError, showStatus } from './page-status.js';
 import { runConfig } from './settings.js';
 import { api, app, closeLive, diagnostics, els } from './state.js';
-import { closeSidebar, markActiveThread, refreshThreadList, threadTitle } from './thread-list.js';
+import { closeSidebar, markActiveThread, refreshThreadList } from './thread-list.js';
+import { showThreadTitle } from './thread-rename.js';
 
 /** What a `LiveRun` may ask of the page. */
 const liveHost = {
@@ -101,7 +102,7 @@ export async function refreshThread(started = null) {
   if (seq !== app.loadSeq || threadId !== app.threadId) return;
   app.thread = thread;
   app.path = page.items;
-  els.threadTitle.textContent = threadTitle(thread);
+  showThreadTitle(thread);
   els.auditBtn.disabled = false;
   if (run) {
     closeLive();
@@ -144,7 +145,7 @@ export async function openThread(threadId, { history = 'push' } = {}) {
   closeSidebar();
   if (!threadId) {
     app.thread = null;
-    els.threadTitle.textContent = 'New thread';
+    showThreadTitle(null);
     els.auditBtn.disabled = true;
     renderChat(messageActions);
     updateControls();
