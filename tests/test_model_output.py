@@ -19,7 +19,7 @@ import pytest
 from tether import Agent, RetryPolicy, tool
 from tether.client import AsyncClient
 from tether.errors import ModelError
-from tether.models import TextDelta, ToolCallRequest, ToolCallStart, ToolSpec
+from tether.models import AnswerCut, TextDelta, ToolCallRequest, ToolCallStart, ToolSpec
 from tether.models._constrained import ConstrainedOutput, repeating, tool_choice_schema
 from tether.models.anthropic import AnthropicModel
 from tether.models.openai import OpenAIModel
@@ -77,11 +77,15 @@ def test_a_malformed_output_is_an_invalid_output_saying_why(raw: str, reason: st
     assert caught.value.code == "model_output_invalid" and caught.value.message == reason
 
 
-def test_an_answer_cut_short_keeps_the_text_it_streamed_and_adds_nothing() -> None:
+def test_an_answer_cut_short_keeps_the_text_it_streamed_and_says_why() -> None:
     output, deltas = feed_all(['{"answer": "Once upon', " a time, a cat"])
 
     assert "".join(d.text for d in deltas) == "Once upon a time, a cat"
-    assert output.finish("length", 512) == []
+    assert output.finish("length", 512) == [AnswerCut("length")]
+    assert feed_all(['{"answer": "a_a_a_a'])[0].finish("repeating", 512) == [AnswerCut("repetition")]
+    # Cut after its string closed, the answer is whole: only the JSON around it was cut.
+    assert feed_all(['{"answer": "Once upon a time."'])[0].finish("length", 512) == []
+    assert feed_all(['{"answer": "Once upon a time."}'])[0].finish("stop", 512) == []
 
 
 def test_a_raw_line_break_inside_a_call_string_still_parses() -> None:
@@ -255,3 +259,32 @@ async def test_an_anthropic_tool_call_cut_off_by_max_tokens_is_not_run_and_ends_
     assert executed == [] and of_type(outcome["log"], "tool_call") == [] and of_type(outcome["log"], "token") == []
     assert [s["detail"] for s in of_type(outcome["log"], "status")].count("calling a tool: get_order") == 2
     assert len(requests) == 2 and "cut off by the output limit" in requests[1]["system"]
+
+
+# -- an answer in words cut by the output limit: kept, marked (issue 55, item 15) -------------
+
+
+async def test_an_openai_answer_cut_by_max_tokens_ends_done_marked_length(openai_server: LiveServer, provider: FakeProvider) -> None:
+    provider.add(Turn(text=["The order ", "shipped on"], finish_reason="length"), Turn(text=["It ", "shipped."]))
+
+    cut = await run_to_end(openai_server, "Tell me about order A1.")
+    whole = await run_to_end(openai_server, "Tell me about order A1.")
+
+    assert cut["run"]["status"] == "completed" and cut["log"][-1]["data"]["finish_reason"] == "length"
+    answer = cut["messages"][-1]
+    assert answer["content"] == "The order shipped on" and answer["status"] == "complete" and answer["finish_reason"] == "length"
+    # An answer the model ended: done as it always was, nothing on the message.
+    assert "finish_reason" not in whole["log"][-1]["data"] and whole["messages"][-1]["finish_reason"] is None
+
+
+async def test_an_anthropic_answer_cut_by_max_tokens_ends_done_marked_length(tmp_path: Path) -> None:
+    with anthropic_provider.FakeAnthropic([anthropic_provider.Turn(text=["The order ", "shipped on"], stop_reason="max_tokens")]) as fake:
+        model = AnthropicModel("claude-fake", base_url=fake.base_url, api_key="x", timeout=30, max_tokens=16)
+        live = LiveServer(Agent(model, tools=[get_order]), sqlite_url(tmp_path)).start()
+        try:
+            outcome = await run_to_end(live, "Tell me about order A1.")
+        finally:
+            live.stop()
+
+    assert outcome["run"]["status"] == "completed" and outcome["log"][-1]["data"]["finish_reason"] == "length"
+    assert outcome["messages"][-1]["finish_reason"] == "length" and outcome["messages"][-1]["content"] == "The order shipped on"

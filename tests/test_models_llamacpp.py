@@ -282,3 +282,78 @@ async def test_a_constrained_answer_streams_in_several_deltas_and_is_stored_as_t
     assert len(tokens) >= 3 and shows_no_envelope(log)
     answer = outcome["messages"][-1]
     assert answer["status"] == "complete" and answer["content"] == "".join(tokens) and answer["content"].strip()
+
+
+# -- an answer cut short is marked, not stored as complete; errors keep their codes (issue 55,
+# item 15) --------------------------------------------------------------------------------
+
+#: SmolLM2 (greedy) answers this with "La la la …" until the repetition stop ends it.
+REPEATING = "Say 'la' many times: la la la la la la la la la la"
+
+
+async def answer_of(server: LiveServer, content: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http, AsyncClient(server.url) as client:
+        thread = await client.create_thread()
+        run = await client.start_run(thread["id"], content, config={"max_steps": 1})
+        final = await client.wait_for_run(run["id"])
+        log = (await http.get(f"/v1/runs/{run['id']}/events", params={"limit": 1000})).json()["items"]
+        messages = await client.messages(thread["id"])
+    return {"run": final, "log": log, "answer": messages[-1]}
+
+
+async def test_free_text_cut_by_the_output_limit_is_the_answer_marked_length(plain_server: LiveServer, local_model: LlamaCppModel) -> None:
+    local_model.max_tokens = 8
+    try:
+        outcome = await answer_of(plain_server, STORY)
+    finally:
+        local_model.max_tokens = 256
+    done, answer = outcome["log"][-1], outcome["answer"]
+    assert local_model.generations[-1].finish_reason == "length"
+    assert outcome["run"]["status"] == "completed" and done["type"] == "done"
+    assert done["data"]["finish_reason"] == "length" and done["data"]["message_id"] == answer["id"]
+    tokens = "".join(e["data"]["text"] for e in outcome["log"] if e["type"] == "token")
+    assert answer["status"] == "complete" and answer["finish_reason"] == "length" and answer["content"] == tokens
+
+
+async def test_free_text_stopped_for_repeating_itself_is_the_answer_marked_repetition(plain_server: LiveServer, local_model: LlamaCppModel) -> None:
+    outcome = await answer_of(plain_server, REPEATING)
+    generation = local_model.generations[-1]
+    assert generation.finish_reason == "repeating" and generation.generated_tokens < local_model.max_tokens
+    assert outcome["log"][-1]["data"]["finish_reason"] == "repetition"
+    assert outcome["answer"]["finish_reason"] == "repetition" and outcome["answer"]["status"] == "complete"
+
+
+async def test_a_constrained_answer_cut_inside_its_string_is_marked_and_one_the_model_ended_is_not(demo_server: LiveServer, local_model: LlamaCppModel) -> None:
+    question = "Who wrote Romeo and Juliet? Answer in a full sentence."
+    whole = await answer_of(demo_server, question)
+    generated = local_model.generations[-1].generated_tokens
+    assert whole["run"]["status"] == "completed" and len([e for e in whole["log"] if e["type"] == "token"]) >= 4
+    assert "finish_reason" not in whole["log"][-1]["data"]  # the done event as it always was
+    assert whole["answer"]["finish_reason"] is None
+
+    # Greedy decoding writes the same output again; three tokens short of its end is inside the
+    # answer's string (its closing '"}' is at most two tokens).
+    local_model.max_tokens = generated - 3
+    try:
+        cut = await answer_of(demo_server, question)
+    finally:
+        local_model.max_tokens = 256
+    assert cut["run"]["status"] == "completed" and shows_no_envelope(cut["log"])
+    assert cut["log"][-1]["data"]["finish_reason"] == "length"
+    assert cut["answer"]["finish_reason"] == "length" and cut["answer"]["status"] == "complete"
+    assert cut["answer"]["content"] and whole["answer"]["content"].startswith(cut["answer"]["content"])
+    assert len(cut["answer"]["content"]) < len(whole["answer"]["content"])
+
+
+async def test_a_prompt_longer_than_the_context_window_fails_the_run_with_model_context_exceeded(tmp_path: Path) -> None:
+    small = LlamaCppModel(smollm2_path(), n_threads=1, n_ctx=64, max_tokens=16)
+    live = LiveServer(Agent(small, tools=[]), sqlite_url(tmp_path)).start()
+    try:
+        outcome = await answer_of(live, STORY * 4)
+    finally:
+        live.stop()
+    error = outcome["log"][-1]
+    assert outcome["run"]["status"] == "failed" and error["type"] == "error"
+    # The adapter's own code, not every failure of the generating thread as "model_error".
+    assert error["data"]["code"] == "model_context_exceeded", error["data"]
+    assert "context window holds 64" in error["data"]["message"] and error["data"]["retryable"] is False

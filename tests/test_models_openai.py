@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from tether.errors import ModelError
-from tether.models import ChatMessage, Model, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
+from tether.models import AnswerCut, ChatMessage, Model, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
 from tether.models.openai import OpenAIModel
 
 from .openai_provider import FakeProvider, FakeToolCall, Turn, long_turn
@@ -351,8 +351,8 @@ async def test_a_tool_call_cut_off_by_the_token_limit_is_not_yielded_but_an_inva
     assert provider.requests[0]["max_tokens"] == 16
 
 
-async def test_text_cut_off_by_the_token_limit_is_still_text(provider: FakeProvider, model: OpenAIModel) -> None:
+async def test_text_cut_off_by_the_token_limit_is_still_text_marked_as_cut(provider: FakeProvider, model: OpenAIModel) -> None:
     provider.add(Turn(text=["Once upon ", "a time"], finish_reason="length"))
 
-    assert await collect(model) == [TextDelta("Once upon "), TextDelta("a time")]
+    assert await collect(model) == [TextDelta("Once upon "), TextDelta("a time"), AnswerCut("length")]
     assert "max_tokens" not in provider.requests[0]  # no cap unless the author sets one

@@ -73,6 +73,7 @@ def test_a_message_view_places_the_message_among_its_siblings() -> None:
         "tool_call_id": None,
         "name": None,
         "status": "complete",
+        "finish_reason": None,
         "created_at": T0_TEXT,
         "edited_by_user": True,
         "edited_from_id": "msg_1",

@@ -1455,3 +1455,26 @@ def test_a_thread_is_titled_after_its_first_message_and_renamed_from_the_header(
     page.locator("#toggle-threads").click()
     expect(page.locator(f".thread-item[data-thread-id='{first}'] .thread-name")).to_be_in_viewport()
     shot(page, "thread-titles", page.locator("#sidebar"), desktop=False)
+
+
+def test_an_answer_cut_short_says_so_under_it_live_and_after_a_reload(page: Page, server: LiveServer, api: httpx.Client, axe_source: str) -> None:
+    open_ui(page, server)
+    send_and_finish(page, script({"text": "The refund went through and the order will", "cut": "length"}))
+    answer = page.locator("#chat .msg.assistant").last
+    note = answer.locator(".cut-note")
+    expect(note).to_have_text("Cut short: the answer reached the model’s output limit.")
+    expect(answer.locator(".text")).to_have_text("The refund went through and the order will")
+    # The server says the same: the stored answer and the run's done event carry the reason.
+    stored = path_of(api, thread_id(page))[-1]
+    assert stored["status"] == "complete" and stored["finish_reason"] == "length"
+    assert events_of(api, stored["run_id"])[-1]["data"]["finish_reason"] == "length"
+    assert_accessible(page, axe_source, "an answer cut short")
+    shot(page, "answer-cut", answer)
+
+    reload(page)
+    expect(page.locator("#chat .msg.assistant").last.locator(".cut-note")).to_have_text("Cut short: the answer reached the model’s output limit.")
+    # An answer the model ended has no note; a repetition stop says why.
+    send_and_finish(page, script({"text": "All done."}))
+    expect(page.locator("#chat .msg.assistant").last.locator(".cut-note")).to_have_count(0)
+    send_and_finish(page, script({"text": "la la la la", "cut": "repetition"}))
+    expect(page.locator("#chat .msg.assistant").last.locator(".cut-note")).to_have_text("Cut short: the model was repeating itself.")

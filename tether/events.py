@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .review import ActionRequest, Decision, ReviewConfig, ToolStatus
 
@@ -36,6 +36,7 @@ __all__ = [
     "UserMessage",
     "Status",
     "Done",
+    "FinishReason",
     "RunError",
     "Cancelled",
     "CancelMode",
@@ -147,6 +148,11 @@ class Status(Event):
     discard_message_id: str | None = None
 
 
+#: Why an answer ended before the model ended it: ``length``, the output limit (``max_tokens``,
+#: or a local model's context window); ``repetition``, a local model's repetition stop.
+FinishReason = Literal["length", "repetition"]
+
+
 class Done(Event):
     """Terminal: the run completed (a refusal is still ``done``)."""
 
@@ -155,6 +161,10 @@ class Done(Event):
     message_id: str | None
     #: Tokens the run's model calls consumed: ``{"input_tokens": …, "output_tokens": …}``.
     usage: dict[str, int] | None = None
+    #: Set only when the answer was cut short, not ended by the model (as the message's own
+    #: ``finish_reason``): ``length`` (the output limit) or ``repetition`` (a repetition stop).
+    #: Left out of the event otherwise, so an answer the model ended has the shape it always had.
+    finish_reason: FinishReason | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class RunError(Event):

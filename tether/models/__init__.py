@@ -3,7 +3,9 @@
 A model gets a :class:`ModelRequest` (the history the agent should see and the tools it may
 call) and yields :class:`TextDelta`, :class:`ThinkingDelta`, :class:`ToolCallStart` as soon as it
 begins a tool call (the runtime shows it as a ``status``, so nobody watches silence while the
-arguments are generated) and, once a call is fully assembled, :class:`ToolCallRequest`.
+arguments are generated) and, once a call is fully assembled, :class:`ToolCallRequest`. An
+answer that the model did not end itself (cut by the output limit, stopped for repeating) ends
+with :class:`AnswerCut`: its text is still the answer, marked as cut.
 
 **Output that is no answer.** A model whose output is cut short by its token limit in the middle
 of a tool call, or that is otherwise neither an answer nor a call, raises
@@ -32,6 +34,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ..events import FinishReason
+
 __all__ = [
     "load_model",
     "output_invalid",
@@ -43,6 +47,8 @@ __all__ = [
     "TextDelta",
     "ThinkingDelta",
     "ToolCallStart",
+    "AnswerCut",
+    "FinishReason",
     "ModelDelta",
     "Model",
     "RetryPolicy",
@@ -136,7 +142,19 @@ class ToolCallStart:
         return f"calling a tool: {self.name}" if self.name else "calling a tool"
 
 
-ModelDelta = TextDelta | ThinkingDelta | ToolCallStart | ToolCallRequest
+@dataclass(frozen=True, slots=True)
+class AnswerCut:
+    """The answer in words that streamed was cut short, not ended by the model (last delta).
+
+    Its text is what the user read, so it stays the answer (``done``), marked with ``reason``
+    as its ``finish_reason``. A tool call cut short is no answer: that raises
+    :func:`~tether.models._output.output_invalid` instead.
+    """
+
+    reason: FinishReason
+
+
+ModelDelta = TextDelta | ThinkingDelta | ToolCallStart | ToolCallRequest | AnswerCut
 
 
 @runtime_checkable

@@ -5,8 +5,9 @@ one JSON schema (:func:`tool_choice_schema`): *either* ``{"answer": "<text>"}`` 
 "<one of the tools>", "arguments": <that tool's parameter schema>}``, every free string argument
 bounded. :class:`ConstrainedOutput` reads the output token by token: the answer's string is
 decoded and streamed as it grows, a call is announced as soon as its tool's name is complete
-and parsed whole at the end, and an output that is neither (cut short, stopped for repeating,
-malformed) raises ``model_output_invalid`` (:mod:`._output`) saying why. The JSON around them is
+and parsed whole at the end, an answer cut short before its string closed ends with
+:class:`~tether.models.AnswerCut`, and an output that is neither (cut short, stopped for
+repeating, malformed) raises ``model_output_invalid`` (:mod:`._output`) saying why. The JSON around them is
 never handed on as text. :func:`repeating` is the generation's stop for degenerate output.
 """
 
@@ -17,10 +18,10 @@ import re
 import uuid
 from typing import Any
 
-from . import ModelDelta, TextDelta, ToolCallRequest, ToolCallStart, ToolSpec
+from . import AnswerCut, FinishReason, ModelDelta, TextDelta, ToolCallRequest, ToolCallStart, ToolSpec
 from ._output import output_invalid
 
-__all__ = ["ConstrainedOutput", "bounded", "repeating", "tool_choice_schema"]
+__all__ = ["ConstrainedOutput", "bounded", "cut_reason", "repeating", "tool_choice_schema"]
 
 
 def tool_choice_schema(tools: list[ToolSpec], *, max_string_length: int | None = None) -> dict[str, Any]:
@@ -65,6 +66,15 @@ def repeating(tokens: list[int], span: int, max_period: int = 16) -> bool:
         if all(tokens[i] == tokens[i - period] for i in range(start + period, n)):
             return True
     return False
+
+
+def cut_reason(finish_reason: str) -> FinishReason | None:
+    """The :class:`~tether.models.AnswerCut` reason of a generation's end (``Generation.finish_reason``), if it cut."""
+    if finish_reason == "length":
+        return "length"
+    if finish_reason == "repeating":
+        return "repetition"
+    return None
 
 
 def _json_string(body: str) -> str:
@@ -113,10 +123,13 @@ class ConstrainedOutput:
         return [TextDelta(answer)] if answer else []
 
     def finish(self, finish_reason: str = "stop", max_tokens: int | None = None) -> list[ModelDelta]:
-        """What the whole output adds at the end: the tool call (nothing for an answer, which
-        streamed). An output that is neither raises ``model_output_invalid``, saying why."""
+        """What the whole output adds at the end: the tool call; for an answer (which streamed)
+        nothing, or :class:`~tether.models.AnswerCut` when the generation stopped inside its
+        string. An output that is neither raises ``model_output_invalid``, saying why."""
         if self.kind == "answer":
-            return []  # cut short or not, its text is what streamed
+            # Its text is what streamed; once its string closed, a cut of the JSON after it cut nothing.
+            cut = cut_reason(finish_reason)
+            return [AnswerCut(cut)] if cut is not None and not self._closed else []
         try:
             # strict=False: a small model may write a raw line break inside a string.
             value = json.loads(self.raw, strict=False)

@@ -21,7 +21,8 @@ right after the calls.
 yielded as :class:`~tether.models.ToolCallRequest` when the message ends: a message that stops
 with ``stop_reason: "max_tokens"`` inside a ``tool_use`` block was cut off in the middle of a
 call, so its calls are not yielded (they would run on arguments the model did not finish) and
-the call raises ``model_output_invalid`` (:mod:`tether.models._output`). Usage comes from
+the call raises ``model_output_invalid`` (:mod:`tether.models._output`); an answer in words that
+stops with ``max_tokens`` is kept and marked (:class:`~tether.models.AnswerCut` ``length``). Usage comes from
 ``message_start`` (input tokens) and ``message_delta`` (output tokens, sent at the end); until
 that arrives, and when a cancel cuts the stream before it, each content delta received counts as
 one output token (Anthropic streams a token or a few per delta: an estimate from below).
@@ -54,7 +55,7 @@ import httpx2
 
 from ..errors import ModelError
 from ..telemetry._context import outbound_headers
-from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
+from . import AnswerCut, ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
 from ._output import output_invalid
 from ._registry import env_setting
 from ._retry import retry_after_seconds
@@ -191,6 +192,8 @@ class AnthropicModel:
                 raise output_invalid(f"cut off by the output limit ({self.max_tokens} tokens) in the middle of a tool call")
             for call in calls:
                 yield call
+            if not calls and stop_reason == "max_tokens":
+                yield AnswerCut("length")  # an answer in words, cut by max_tokens: marked, kept
         finally:
             # Runs on normal end, on error, on cancellation and on aclose(): closing the response
             # closes the connection, which is how the provider learns to stop generating.

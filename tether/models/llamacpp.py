@@ -35,7 +35,13 @@ cannot be parsed). So: every string of a tool's arguments is bounded in the gram
 default (at 1.1 SmolLM2 stopped copying ids and numbers from the user's message). An
 output that then is no answer and no complete call (cut by ``max_tokens``, stopped for
 repeating, malformed) raises ``model_output_invalid`` (:mod:`tether.models._output`: asked once
-more, then the run fails); an answer cut short keeps the text it streamed, as free text does.
+more, then the run fails); an answer cut short keeps the text it streamed, as free text does,
+and says so: it ends with :class:`~tether.models.AnswerCut` (``length`` or ``repetition``), which
+the run records as the answer's ``finish_reason`` instead of a complete answer.
+
+**Errors** of the generating thread reach the run with their codes: a prompt longer than the
+context window is ``model_context_exceeded``, a missing model file ``model_config_error``;
+anything else llama.cpp raises is ``model_error``.
 
 **One tool round, then words.** Right after a tool's result the grammar allows only an answer
 (``answer_after_tool``): a small model shown its call and the result calls the same tool again.
@@ -65,9 +71,9 @@ from typing import Any
 
 import anyio
 
-from ..errors import ModelConfigError, ModelError
-from . import ModelDelta, ModelRequest, TextDelta, ToolCallStart, ToolSpec
-from ._constrained import ConstrainedOutput, repeating, tool_choice_schema
+from ..errors import ModelConfigError, ModelError, TetherError
+from . import AnswerCut, ModelDelta, ModelRequest, TextDelta, ToolCallStart, ToolSpec
+from ._constrained import ConstrainedOutput, cut_reason, repeating, tool_choice_schema
 
 __all__ = ["LlamaCppModel", "Generation", "tool_choice_schema"]
 
@@ -204,7 +210,7 @@ class LlamaCppModel:
                     ended = True
                     break
                 if isinstance(item, BaseException):
-                    raise ModelError(f"local model failed: {type(item).__name__}: {item}", retryable=False) from item
+                    raise _model_error(item)
                 request.usage.input_tokens = generation.prompt_tokens
                 request.usage.output_tokens = generation.generated_tokens
                 text: str = item
@@ -220,6 +226,8 @@ class LlamaCppModel:
             if output is not None:
                 for delta in output.finish(generation.finish_reason, self.max_tokens):
                     yield delta
+            elif (cut := cut_reason(generation.finish_reason)) is not None:
+                yield AnswerCut(cut)  # free text stopped by max_tokens or the repetition stop
         finally:
             if not ended:  # cancelled, closed early, or failed: stop before the next token
                 generation.stop()
@@ -315,6 +323,20 @@ class LlamaCppModel:
             if tail:
                 hand_over(tail)
         generation.total_s = time.perf_counter() - started
+
+
+def _model_error(exc: BaseException) -> ModelError:
+    """What the consumer raises for an exception of the generating thread: a ``ModelError`` as
+    it is (``model_context_exceeded`` stays that), another of Tether's errors with its code
+    (``model_config_error``: no model file), anything else as ``model_error``."""
+    if isinstance(exc, ModelError):
+        return exc
+    if isinstance(exc, TetherError):
+        error = ModelError(exc.message, code=exc.code)
+    else:
+        error = ModelError(f"local model failed: {type(exc).__name__}: {exc}", retryable=False)
+    error.__cause__ = exc
+    return error
 
 
 def _after_tool_result(request: ModelRequest) -> bool:

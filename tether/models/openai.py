@@ -31,7 +31,8 @@ assembled while streaming and yielded, one :class:`~tether.models.ToolCallReques
 when the stream ends. A stream that ends with ``finish_reason: "length"`` while calls were being
 assembled was cut off by the token limit in the middle of a call: its calls are not yielded
 (they would run on arguments the model did not finish) and the call raises
-``model_output_invalid`` (:mod:`tether.models._output`).
+``model_output_invalid`` (:mod:`tether.models._output`). An answer in words that ends with
+``finish_reason: "length"`` is kept and marked: :class:`~tether.models.AnswerCut` ``length``.
 
 **Usage** comes from the provider's trailing usage chunk (asked for with
 ``stream_options.include_usage``; ``stream_usage=False`` for servers that refuse it). Until it
@@ -60,7 +61,7 @@ import openai
 
 from ..errors import ModelError
 from ..telemetry._context import outbound_headers
-from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
+from . import AnswerCut, ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, ToolSpec
 from ._output import output_invalid
 from ._registry import env_setting
 from ._retry import retry_after_seconds
@@ -196,6 +197,8 @@ class OpenAIModel:
                 raise output_invalid(f"cut off by the output limit{limit} in the middle of a tool call")
             for index in sorted(calls):
                 yield calls[index].finish()
+            if not calls and finish_reason == "length":
+                yield AnswerCut("length")  # an answer in words, cut by max_tokens: marked, kept
         finally:
             # Runs on normal end, on error, on cancellation and on aclose(): closing the response
             # closes the connection, which is how the provider learns to stop generating.

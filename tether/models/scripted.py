@@ -18,7 +18,10 @@ that message) plays ``script[k]``. Each element is an object with any of:
 - ``"tool_calls": [{"name": …, "args": {…}}, …]`` — asked for after the text of that turn;
 - ``"echo": true`` — answers with the JSON list ``[{"role": …, "content": …}, …]`` of exactly
   the messages it was given (system prompt excluded): how tests see the history the model got;
-- ``"fail": str`` — the model call fails with that message (a provider error).
+- ``"fail": str`` — the model call fails with that message (a provider error);
+- ``"cut": "length"`` or ``"repetition"`` — the answer ends cut short for that reason (an
+  :class:`~tether.models.AnswerCut` after its text), as a model stopped by its output limit or
+  a repetition stop does.
 
 When the script is used up, it answers ``"Done."`` — unless a plain user message came after
 the script, in which case the keyword rules below answer it (so a thread can go on after a
@@ -52,7 +55,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import ModelError
-from . import ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
+from . import AnswerCut, ChatMessage, ModelDelta, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest
 
 __all__ = ["ScriptedModel", "parse_script"]
 
@@ -224,3 +227,5 @@ class ScriptedModel:
         for call in step.get("tool_calls") or []:
             args = call.get("args", {})
             yield ToolCallRequest(id=str(call.get("id") or _new_call_id()), name=str(call.get("name", "")), args=args if isinstance(args, dict) else str(args))
+        if step.get("cut") in ("length", "repetition"):
+            yield AnswerCut(step["cut"])

@@ -5,7 +5,8 @@ made storable here (:mod:`._storable`), before anything sees it; provider faults
 before the first delta only (:mod:`tether.models._retry`); the tokens each call consumed are
 recorded on the run, a cancelled or failed call's too. An output that is neither an answer nor a
 call is asked for once more, then fails the run with ``model_output_invalid``
-(:mod:`tether.models._output`); a tool call being generated is announced with a ``status``. The
+(:mod:`tether.models._output`); a tool call being generated is announced with a ``status``; an
+answer cut short (:class:`~tether.models.AnswerCut`) is stored with its ``finish_reason``. The
 turn's message is stored as ``complete`` only once the events announcing it are durable (the
 event log is the truth).
 """
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .._ids import new_id
 from ..errors import ModelError
 from ..events import RunError, Status
-from ..models import ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, Usage
+from ..models import AnswerCut, FinishReason, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, Usage
 from ..models._output import ATTEMPTS, stream_checked
 from ..store import MessageRecord, TurnOutcome
 from ._storable import describe_exception, storable_request, storable_text
@@ -59,6 +60,7 @@ class ModelCalls:
         seg.partial_message_id = message.id
         parts: list[str] = []
         requests: list[ToolCallRequest] = []
+        cut: FinishReason | None = None  # the answer was cut short (the model said so, last)
         failure: RunError | None = None
         emit_delta = seg.events.emit_delta  # once, not at every delta
         with seg.cancel.model_scope() as scope:
@@ -79,6 +81,8 @@ class ModelCalls:
                             requests.append(storable_request(delta))
                         elif isinstance(delta, ToolCallStart):
                             seg.events.emit(Status(stage="model", detail=storable_text(delta.detail)))
+                        elif isinstance(delta, AnswerCut):
+                            cut = delta.reason
             except ModelError as exc:
                 partial = message.id if parts else None
                 failure = RunError(code=exc.code, message=storable_text(exc.message), retryable=exc.retryable, partial_message_id=partial)
@@ -99,7 +103,10 @@ class ModelCalls:
         for announcement in announcements:
             seg.events.emit(announcement)
         stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(seg.agent.tools.get(r.name), r.args))} for r in requests]
-        outcome = self._outcome(message.id, request.usage, content=text, status="complete", tool_calls=stored_calls or None)
+        # An answer cut short is still the answer (what the user read), marked as cut; a turn with
+        # calls is no cut answer (a call cut short never arrives: ``model_output_invalid``).
+        finish_reason = None if requests else cut
+        outcome = self._outcome(message.id, request.usage, content=text, status="complete", tool_calls=stored_calls or None, finish_reason=finish_reason)
         if requests:
             await seg.store_turn(outcome)
         else:
@@ -108,7 +115,7 @@ class ModelCalls:
             # call, should a steering message have come meanwhile.
             seg.answer_turn = outcome
         seg.partial_message_id = None
-        return ModelTurn(message.id, text, requests, calls)
+        return ModelTurn(message.id, text, requests, calls, finish_reason=finish_reason)
 
     def new_answer(self) -> MessageRecord:
         """The (empty, partial) assistant message of the next model turn, child of the leaf."""
@@ -135,5 +142,7 @@ class ModelCalls:
             self._on_usage(usage)
 
     @staticmethod
-    def _outcome(message_id: str, usage: Usage, *, content: str, status: str, tool_calls: list[dict[str, Any]] | None = None) -> TurnOutcome:
-        return TurnOutcome(message_id, content, status, usage.input_tokens, usage.output_tokens, tool_calls)
+    def _outcome(
+        message_id: str, usage: Usage, *, content: str, status: str, tool_calls: list[dict[str, Any]] | None = None, finish_reason: FinishReason | None = None
+    ) -> TurnOutcome:
+        return TurnOutcome(message_id, content, status, usage.input_tokens, usage.output_tokens, tool_calls, finish_reason)

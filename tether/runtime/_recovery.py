@@ -110,7 +110,7 @@ class CheckpointRecovery:
         last = path[-1] if path else None
         if last is not None and last.role == "assistant" and last.run_id == seg.run.id and last.status == "complete" and not last.tool_calls:
             seg.accepting_messages = False
-            return Done(message_id=last.id, usage=seg.usage.to_json())
+            return Done(message_id=last.id, usage=seg.usage.to_json(), finish_reason=last.finish_reason)
         turn = next(
             (i for i in range(len(path) - 1, -1, -1) if path[i].role == "assistant" and path[i].tool_calls and path[i].run_id == seg.run.id),
             None,

@@ -20,7 +20,7 @@ from typing import Any
 
 from .._ids import new_id
 from ..events import RunError, ToolCall, ToolResult
-from ..models import ToolCallRequest
+from ..models import FinishReason, ToolCallRequest
 from ..review import Approve, Decision, Edit, ParkedCall, ParkedTurn, Reject, Respond, ToolStatus
 from ..store import MessageRecord
 from ..tools import Tool, ToolArgsError
@@ -232,6 +232,8 @@ class ModelTurn:
     requests: list[ToolCallRequest]
     calls: list[CallItem]
     failure: RunError | None = None
+    #: An answer cut short: why (``length``, ``repetition``); None when the model ended it.
+    finish_reason: FinishReason | None = None
 
 
 def turn_messages(calls: list[CallItem], steering: list[tuple[str, str]], *, thread_id: str, run_id: str, parent_id: str | None) -> list[MessageRecord]:

@@ -89,6 +89,7 @@ def message_view(message: MessageRecord, *, sibling_ids: Sequence[str] | None = 
         "tool_call_id": message.tool_call_id,
         "name": message.name,
         "status": message.status,
+        "finish_reason": message.finish_reason,
         "created_at": _ts(message.created_at),
         "edited_by_user": message.edited_from_id is not None,
         "edited_from_id": message.edited_from_id,

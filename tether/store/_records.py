@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from .._ids import as_utc, new_id, utcnow
-from ..events import CancelMode
+from ..events import CancelMode, FinishReason
 from ..review import DECISIONS, ActionRequest, Decision, ParkedTurn, ReviewConfig
 
 __all__ = [
@@ -88,6 +88,8 @@ class TurnOutcome:
     input_tokens: int
     output_tokens: int
     tool_calls: list[dict[str, Any]] | None = None
+    #: An answer cut short: why (stored as the message's ``finish_reason``).
+    finish_reason: FinishReason | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,8 @@ class MessageRecord:
     created_at: datetime = field(default_factory=utcnow)
     #: Set on a user's edited version of an assistant message: the message it replaces.
     edited_from_id: str | None = None
+    #: An answer cut short, not ended by the model: ``length`` or ``repetition``.
+    finish_reason: FinishReason | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -350,6 +354,7 @@ def message_record(row: Any) -> MessageRecord:
         status=row.status,
         created_at=as_utc(row.created_at),
         edited_from_id=row.edited_from_id,
+        finish_reason=row.finish_reason,
     )
 
 
@@ -368,6 +373,7 @@ def message_values(message: MessageRecord) -> dict[str, Any]:
         "status": message.status,
         "created_at": message.created_at,
         "edited_from_id": message.edited_from_id,
+        "finish_reason": message.finish_reason,
     }
 
 

@@ -460,7 +460,7 @@ def _values(statuses: Iterable[str]) -> list[str]:
 
 
 async def _write_turn(conn: Writing, run_id: str, turn: TurnOutcome) -> None:
-    values: dict[str, Any] = {"message_id": turn.message_id, "content": turn.content, "status": turn.status}
+    values: dict[str, Any] = {"message_id": turn.message_id, "content": turn.content, "status": turn.status, "finish_reason": turn.finish_reason}
     if turn.tool_calls is None:
         await conn.execute(Hot.store_turn, values)
     else:

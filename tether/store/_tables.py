@@ -99,6 +99,8 @@ messages = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     # A user's edited version of an assistant message points at the message it replaces.
     sa.Column("edited_from_id", sa.String(64), nullable=True),
+    # An answer cut short (migration 0013): length | repetition; null when the model ended it.
+    sa.Column("finish_reason", sa.String(16), nullable=True),
     sa.Index("ix_messages_thread", "thread_id", "created_at"),
     sa.Index("ix_messages_parent", "parent_id"),
 )
@@ -322,7 +324,11 @@ class Hot:
     run_usage = sa.select(runs.c.usage).where(runs.c.id == sa.bindparam("run_id"))
     set_run_usage = runs.update().where(runs.c.id == sa.bindparam("run_id")).values(usage=sa.bindparam("usage", type_=runs.c.usage.type))
     #: A model turn's final state (``…_with_calls`` also sets its tool calls).
-    store_turn = messages.update().where(messages.c.id == sa.bindparam("message_id")).values(content=sa.bindparam("content"), status=sa.bindparam("status"))
+    store_turn = (
+        messages.update()
+        .where(messages.c.id == sa.bindparam("message_id"))
+        .values(content=sa.bindparam("content"), status=sa.bindparam("status"), finish_reason=sa.bindparam("finish_reason"))
+    )
     store_turn_with_calls = store_turn.values(tool_calls=sa.bindparam("tool_calls", type_=messages.c.tool_calls.type))
     #: Runs of ``requested_by`` that hold a process (queued, running, cancelling). The statuses
     #: are SQL literals in the statement: a list of values would be expanded into the SQL at

@@ -254,6 +254,7 @@ export class LiveRun {
     this.setTyping(null);
     for (const block of this.blocks.values()) block.finish(block.messageId === data.partial_message_id || block.messageId === data.message_id ? status : 'complete');
     if (this.current && !this.current.messageId) this.current.finish(status);
+    if (envelope.type === 'done' && data.finish_reason) this.blocks.get(data.message_id)?.showCut(data.finish_reason);
     for (const card of this.cards.values()) if (['running', 'waiting', 'asking'].includes(card.state)) card.setState('unfinished');
     for (const card of this.approvals.values()) card.abandon(envelope.type === 'cancelled' ? 'The run was stopped — nothing was executed.' : 'The run ended.');
     if (envelope.type === 'error') {

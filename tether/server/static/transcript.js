@@ -10,6 +10,11 @@ import { button, h, uid } from './dom.js';
 import { ToolCard, toolOutcome } from './tool-card.js';
 
 const MESSAGE_BADGES = { cancelled: 'stopped', failed: 'failed', partial: 'incomplete' };
+/** Why an answer was cut short (its `finish_reason`), said under it. */
+const CUT_NOTES = {
+  length: 'Cut short: the answer reached the model’s output limit.',
+  repetition: 'Cut short: the model was repeating itself.',
+};
 
 export function userBubble(text, { id = null, steering = false } = {}) {
   return h('article', { class: `msg user${steering ? ' steering' : ''}`, dataset: { id, role: 'user' } },
@@ -44,6 +49,14 @@ export class AssistantBlock {
     this.errorEl = h('div', { class: 'run-error', role: live ? 'alert' : null, text: `The run failed: ${error.message} (${error.code})` });
     this.textEl.classList.remove('empty');
     this.el.append(this.errorEl);
+  }
+
+  /** A small note under an answer the model did not end itself (`finish_reason`). */
+  showCut(reason) {
+    this.cutEl?.remove();
+    if (!reason) return;
+    this.cutEl = h('div', { class: 'cut-note', dataset: { reason }, text: CUT_NOTES[reason] || `Cut short (${reason}).` });
+    this.textEl.after(this.cutEl);
   }
 
   setId(id) {
@@ -178,6 +191,7 @@ export function renderMessages(messages, into, { busy, actions, thinking = new M
         block.cardsEl.append(card.el);
       }
       block.finish(message.status || 'complete');
+      if (message.finish_reason) block.showCut(message.finish_reason);
       const error = message.status === 'failed' ? runErrors.get(message.run_id) : null;
       if (error) block.showError(error);
       if (message.edited_by_user) block.badgeEl.append(h('span', { class: 'badge', text: 'edited' }));
