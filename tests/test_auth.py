@@ -189,6 +189,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("PUT", "/v1/threads/{thread_id}/active_leaf"): Case(OK, NOT_THREAD, READ_ONLY, body=lambda w: {"message_id": w.answer_a}),
     ("GET", "/v1/runs/{run_id}"): Case(OK, NOT_RUN, OK),
     ("GET", "/v1/runs/{run_id}/events"): Case(OK, NOT_RUN, OK),
+    ("GET", "/v1/runs/{run_id}/timeline"): Case(OK, NOT_RUN, OK),
     ("POST", "/v1/runs/{run_id}/messages"): Case(OK, NOT_RUN, READ_ONLY, body=lambda w: {"content": "steer"}),
     ("POST", "/v1/runs/{run_id}/cancel"): Case(OK, NOT_RUN, READ_ONLY, body=lambda w: {"mode": "soft"}),
     ("PATCH", "/v1/messages/{message_id}"): Case(OK, NOT_MESSAGE, READ_ONLY, body=lambda w: {"content": "edited"}),
@@ -320,6 +321,7 @@ async def test_what_you_may_not_see_answers_exactly_as_what_does_not_exist(keyed
             ("/v1/threads/{}/messages", world.thread_a),
             ("/v1/runs/{}", world.run_a),
             ("/v1/runs/{}/events", world.run_a),
+            ("/v1/runs/{}/timeline", world.run_a),
         ):
             hidden = await http.get(template.format(real), headers=bearer(keys.bob))
             fake = real[:4] + "0" * (len(real) - 4)

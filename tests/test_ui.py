@@ -1457,6 +1457,310 @@ def test_a_thread_is_titled_after_its_first_message_and_renamed_from_the_header(
     shot(page, "thread-titles", page.locator("#sidebar"), desktop=False)
 
 
+# -- a run's timeline --------------------------------------------------------------------------
+
+
+def timeline_rows(page: Page) -> list[dict[str, Any]]:
+    """Each row of the open Timeline dialog: its kind, its words, and where its bar is drawn."""
+    return page.evaluate(  # type: ignore[no-any-return]
+        """() => [...document.querySelectorAll('#timeline .tl-row')].map((row) => {
+          const bar = row.querySelector('.tl-bar').getBoundingClientRect();
+          return { kind: row.dataset.kind, open: row.dataset.open === 'true', text: row.querySelector('.tl-text').textContent,
+                   left: bar.left, right: bar.right };
+        })"""
+    )
+
+
+def test_a_runs_timeline_shows_model_calls_a_tool_a_human_wait_and_a_cancel_as_bars_and_a_list(
+    page: Page, server: LiveServer, api: httpx.Client, axe_source: str
+) -> None:
+    open_ui(page, server)
+    steps = script(
+        {"text": "Let me look.", "tool_calls": [{"name": "get_order", "args": {"order_id": "A100"}}]},
+        {"tool_calls": [{"name": "refund", "args": {"order_id": "A100", "amount": 5}}]},
+        {"text": "Refunded. One slow check.", "tool_calls": [{"name": "sleep", "args": {"seconds": 2}}]},
+        {"tokens": 400, "delay_ms": 20},
+    )
+    card = pending_card(page, steps)
+
+    # While the run waits for a person, its timeline so far says so (the wait is still open).
+    live_button = page.locator(f".timeline-btn[data-run-id='{run_report(page)['runId']}']")
+    expect(live_button).to_have_count(1)  # under the live run only, not also on its input message
+    expect(page.locator(".live-actions .timeline-btn")).to_have_count(1)
+    live_button.click()
+    dialog = page.locator("#timeline")
+    expect(dialog).to_have_attribute("data-ready", "true")
+    expect(dialog).to_have_attribute("data-status", "waiting_human")
+    expect(dialog.locator(".tl-row[data-kind=human]")).to_have_attribute("data-open", "true")
+    expect(dialog.locator(".tl-row[data-kind=human] .tl-detail")).to_contain_text("refund: waiting")
+    expect(dialog.locator("#timeline-refresh")).to_be_visible()  # a run under way can be read again
+    page.keyboard.press("Escape")  # closes the dialog; the run is not stopped
+    expect(dialog).to_be_hidden()
+    expect(card).to_have_attribute("data-state", "pending")
+
+    card.locator(".choice-approve").click()
+    expect(page.locator(".tool-card[data-tool=sleep]")).to_have_attribute("data-status", "running")
+    page.locator("#stop").click()  # soft: the sleeping tool finishes first, then the cancel lands
+    expect(conn(page)).to_have_attribute("data-state", "cancelled")
+    run_id = wait_settled(page)["runId"]
+
+    # The run's last stored message carries its Timeline button.
+    opener = page.locator(f"#chat .msg .timeline-btn[data-run-id='{run_id}']")
+    expect(opener).to_have_count(1)
+    expect(opener).to_have_accessible_name("Timeline of this run")
+    opener.click()
+    expect(dialog).to_have_attribute("data-ready", "true")
+    expect(dialog).to_have_attribute("data-status", "cancelled")
+    expect(page.locator("#timeline-refresh")).to_be_hidden()  # an ended run's log never changes
+
+    # The browser's derivation (run-timeline.js) and the server's route agree exactly.
+    derived = page.evaluate("window.tetherUI.timeline")
+    served = api.get(f"/v1/runs/{run_id}/timeline").json()
+    assert derived == served
+    segments = served["segments"]
+    assert [(s["kind"], s.get("name")) for s in segments] == [
+        ("queued", None),
+        ("model", None),
+        ("tool", "get_order"),
+        ("model", None),
+        ("human", None),
+        ("tool", "refund"),
+        ("model", None),
+        ("tool", "sleep"),
+        ("cancel", None),
+    ]
+    queued, model1, lookup, model2, wait, refund, model3, sleep, cancel = segments
+    assert served["status"] == "cancelled" and not any(s["open"] for s in segments)
+    assert [m["index"] for m in (model1, model2, model3)] == [1, 2, 3]
+    assert [m["outcome"] for m in (model1, model2, model3)] == ["tool_calls", "tool_calls", "tool_calls"]
+    assert all(m["first_token_ms"] is not None and 0 <= m["first_token_ms"] <= m["duration_ms"] for m in (model1, model2, model3))
+    assert (lookup["tier"], lookup["ran"], lookup["status"], lookup["gated"]) == ("read_only", True, "ok", False)
+    assert (refund["tier"], refund["ran"], refund["status"], refund["gated"]) == ("destructive", True, "ok", True)
+    assert (wait["actor"], wait["resolution"], wait["actions"]) == (
+        "local",
+        "decided",
+        [{"call_id": refund["call_id"], "name": "refund", "decision": "approve"}],
+    )
+    assert wait["start_ms"] + wait["duration_ms"] <= refund["start_ms"]  # the refund ran after the decision, never before
+    assert sleep["duration_ms"] >= 1900 and sleep["status"] == "ok"  # a soft stop let it finish
+    assert (cancel["mode"], cancel["actor"], cancel["landed"]) == ("soft", "local", True)
+    # Asked for while the tool slept; landed once it had finished: that wait is the cancel's bar.
+    assert sleep["start_ms"] < cancel["start_ms"] < sleep["start_ms"] + sleep["duration_ms"] <= cancel["start_ms"] + cancel["duration_ms"]
+    assert cancel["start_ms"] + cancel["duration_ms"] == pytest.approx(served["duration_ms"])
+    assert queued["start_ms"] == 0 and served["ended_at"] is not None
+
+    # What people read: one row per segment, in words, in order; the bars share one time axis.
+    rows = timeline_rows(page)
+    assert [r["kind"] for r in rows] == [s["kind"] for s in segments]
+    texts = [r["text"] for r in rows]
+    assert texts[1].startswith("Model call 1: first token after ")
+    assert texts[2].startswith("Tool get_order: read-only · ran in ")
+    assert re.match(r"Waiting for a person: local approved refund after [\d.]+ (ms|s) \(at ", texts[4]), texts[4]
+    assert texts[5].startswith("Tool refund: destructive · ran in ")
+    assert re.match(r"Stopped: soft stop by local: landed [\d.]+ (ms|s) after it was asked for", texts[8]), texts[8]
+    expect(dialog.locator(".tl-summary")).to_have_text(re.compile(r"^Stopped after [\d.]+ s: 3 model calls, 3 tools, 1 wait for a person \("))
+    by_kind = dict(zip([f"{s['kind']}:{s.get('name')}" for s in segments], rows, strict=True))
+    assert by_kind["human:None"]["left"] < by_kind["tool:refund"]["left"] < by_kind["tool:sleep"]["left"] < by_kind["cancel:None"]["left"]
+    assert by_kind["tool:sleep"]["right"] - by_kind["tool:sleep"]["left"] > 5 * (by_kind["tool:get_order"]["right"] - by_kind["tool:get_order"]["left"])
+    assert by_kind["tool:sleep"]["right"] <= by_kind["cancel:None"]["right"] + 1
+
+    # Screen readers get the list (the bars and the axis are hidden from them).
+    listing = page.get_by_role("list", name="Where the time went, in order")
+    expect(listing.get_by_role("listitem")).to_have_count(9)
+    expect(dialog.locator(".tl-track[aria-hidden=true]")).to_have_count(9)
+    expect(dialog).to_have_accessible_description(re.compile("^Stopped after"))
+    assert_accessible(page, axe_source, "timeline")
+    shot(page, "run-timeline", dialog)
+
+    # On a phone the rows stack (words, then the bar) and nothing scrolls sideways.
+    page.set_viewport_size(MOBILE)
+    rows = timeline_rows(page)
+    assert all(r["right"] <= MOBILE["width"] for r in rows)
+    assert page.evaluate("(() => { const d = document.getElementById('timeline'); return d.scrollWidth <= d.clientWidth; })()")
+    assert_accessible(page, axe_source, "timeline on a phone")
+    page.locator("#timeline-close").click()
+    expect(dialog).to_be_hidden()
+    expect(opener).to_be_focused()  # back to the button that opened it
+
+
+def synthetic_logs() -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Event logs (and cancel audit entries) of runs that are awkward to make for real: a
+    takeover after a crash, a retried call, a steering message, two calls of one tool with
+    different tiers, invalid arguments, a stop while waiting, a failure, a run still queued."""
+    from datetime import UTC, datetime, timedelta
+
+    from tether.events import format_ts
+
+    t0 = datetime(2026, 11, 30, 20, 0, 0, 123456, tzinfo=UTC)
+
+    def log(*entries: tuple[float, str, dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {"run_id": "run_x", "seq": i + 1, "type": kind, "ts": format_ts(t0 + timedelta(milliseconds=ms)), "data": data}
+            for i, (ms, kind, data) in enumerate(entries)
+        ]
+
+    def call(ms: float, call_id: str, name: str, risk: str = "read_only", gated: bool = False) -> tuple[float, str, dict[str, Any]]:
+        return (ms, "tool_call", {"call_id": call_id, "name": name, "args": {}, "risk": risk, "gated": gated, "message_id": "msg_1"})
+
+    def result(ms: float, call_id: str, name: str, status: str = "ok") -> tuple[float, str, dict[str, Any]]:
+        return (ms, "tool_result", {"call_id": call_id, "name": name, "status": status, "result": None, "error": None, "reason": None})
+
+    def status(ms: float, stage: str, detail: str | None = None) -> tuple[float, str, dict[str, Any]]:
+        return (ms, "status", {"stage": stage, "detail": detail, "discard_message_id": None})
+
+    def token(ms: float, message: str = "msg_1") -> tuple[float, str, dict[str, Any]]:
+        return (ms, "token", {"message_id": message, "text": "x "})
+
+    started = (0, "run_started", {"thread_id": "thr_x", "input_message_id": "msg_0"})
+    done = {"message_id": "msg_9", "usage": {"input_tokens": 1, "output_tokens": 1}}
+    interrupt = {"interrupt_id": "int_1", "action_requests": [{"call_id": "c2", "action": "refund", "args": {}, "description": "", "risk": "destructive"}]}
+    cancel_at = {"action": "cancel", "actor": "alice", "details": {"mode": "soft"}}
+    return {
+        "takeover": (
+            log(
+                started,
+                status(0.4, "model"),
+                token(5),
+                status(900, "recovering", "continuing"),
+                status(901, "model"),
+                token(903, "msg_2"),
+                call(904, "c1", "get_order"),
+                status(905, "tool", "get_order"),
+                result(930, "c1", "get_order"),
+                status(931, "model"),
+                token(950, "msg_3"),
+                (960.5, "done", done),
+            ),
+            [],
+        ),
+        "retried, steered": (
+            log(
+                started,
+                status(1, "model"),
+                status(2, "model", "retrying in 1.0 s after model_rate_limited (attempt 2 of 4)"),
+                status(1002, "model", "calling a tool: sleep"),
+                (1003, "user_message", {"message_id": "msg_u", "content": "also"}),
+                call(1004, "c1", "sleep"),
+                call(1004, "c9", "lookup", gated=False),
+                result(1005, "c9", "lookup", "error"),
+                status(1006, "tool", "sleep"),
+                result(3006, "c1", "sleep"),
+                status(3007, "model"),
+                token(3100),
+                (3200, "done", done),
+            ),
+            [],
+        ),
+        "one tool, two tiers": (
+            log(
+                started,
+                status(1, "model"),
+                call(10, "c1", "refund", "reversible"),
+                call(10, "c2", "refund", "destructive", gated=True),
+                status(11, "tool", "refund"),
+                result(20, "c1", "refund"),
+                (21, "interrupt", interrupt),
+                (
+                    5021,
+                    "resumed",
+                    {"interrupt_id": "int_1", "resolution": "decided", "actor": "carol", "decisions": [{"call_id": "c2", "decision": "edit", "args": {}}]},
+                ),
+                status(5022, "tool", "refund"),
+                result(5040, "c2", "refund"),
+                status(5041, "model"),
+                (5050, "done", done),
+            ),
+            [],
+        ),
+        "stopped while waiting": (
+            log(
+                started,
+                status(1, "model"),
+                call(10, "c2", "refund", "destructive", gated=True),
+                (11, "interrupt", interrupt),
+                result(7000, "c2", "refund", "cancelled"),
+                (7001, "cancelled", {"mode": "soft", "reason": "no", "actor": "alice", "partial_message_id": None}),
+            ),
+            [{**cancel_at, "ts": format_ts(t0 + timedelta(milliseconds=6999.25))}],
+        ),
+        "still waiting, stop asked": (
+            log(started, status(1, "model"), call(10, "c1", "sleep"), status(11, "tool", "sleep")),
+            [
+                {**cancel_at, "ts": format_ts(t0 + timedelta(milliseconds=500))},
+                {**cancel_at, "details": {"mode": "hard"}, "ts": format_ts(t0 + timedelta(milliseconds=800))},
+            ],
+        ),
+        "failed": (
+            log(
+                started,
+                status(1, "model"),
+                token(3),
+                status(4, "model", "retrying in 0.5 s after model_error (attempt 2 of 4)"),
+                (600, "error", {"code": "model_stream_broken", "message": "gone", "retryable": False, "partial_message_id": "msg_1"}),
+            ),
+            [],
+        ),
+        "a result without its call": (log(started, status(1, "model"), result(9, "c7", "mystery", "unknown"), (10, "done", done)), []),
+        "queued": (log((0, "run_started", {"thread_id": "thr_x", "input_message_id": "msg_0"})), []),
+        "nothing": ([], []),
+    }
+
+
+def test_the_browser_and_the_server_derive_the_same_timeline_from_the_same_logs(page: Page, server: LiveServer) -> None:
+    from datetime import datetime
+
+    from tether.server._timeline import TimelineBuilder, cancel_requests, ts_us
+    from tether.store import AuditEntry
+
+    open_ui(page, server)
+    now = ts_us("2026-11-30T20:00:09.000001Z")
+    for name, (events, audit) in synthetic_logs().items():
+        builder = TimelineBuilder("run_x")
+        for event in events:
+            if builder.wants(event["type"]):
+                builder.add(event["type"], event["ts"], event["data"])
+        entries = [AuditEntry(e["action"], e["actor"], details=e["details"], ts=datetime.fromisoformat(e["ts"].replace("Z", "+00:00"))) for e in audit]
+        served = builder.finish(cancel_requests(entries), now)
+        derived = page.evaluate(
+            "async ([events, audit, now]) => (await import('/static/run-timeline.js')).buildTimeline(events, audit, now)", [events, audit, now]
+        )
+        if not events:
+            served["run_id"] = None  # an empty log names no run; the route always knows it
+        assert derived == served, name
+    # A few facts the cases are there for.
+    logs = synthetic_logs()
+
+    def timeline(name: str) -> dict[str, Any]:
+        events, audit = logs[name]
+        return page.evaluate(  # type: ignore[no-any-return]
+            "async ([events, audit, now]) => (await import('/static/run-timeline.js')).buildTimeline(events, audit, now)", [events, audit, now]
+        )
+
+    takeover = timeline("takeover")["segments"]
+    assert [s["kind"] for s in takeover] == ["queued", "model", "recovering", "model", "tool", "model"]
+    assert takeover[1]["outcome"] == "interrupted" and takeover[3]["index"] == 2
+    retried = timeline("retried, steered")["segments"]
+    assert [(s["kind"], s.get("name")) for s in retried] == [
+        ("queued", None), ("model", None), ("steering", None), ("tool", "lookup"), ("tool", "sleep"), ("model", None),
+    ]  # fmt: skip
+    assert retried[1]["retries"] == 1 and retried[1]["tool_calls"] == 2 and retried[3]["ran"] is False
+    two = timeline("one tool, two tiers")["segments"]
+    tiers = [(s["tier"], s["ran"], s["start_ms"]) for s in two if s["kind"] == "tool"]
+    assert tiers == [("reversible", True, 11), ("destructive", True, 5022)]  # the gated one started after its decision only
+    human = next(s for s in two if s["kind"] == "human")
+    assert (human["actor"], human["actions"][0]["decision"], human["duration_ms"]) == ("carol", "edit", 5000)
+    stopped = timeline("stopped while waiting")
+    assert [s["kind"] for s in stopped["segments"]] == ["queued", "model", "human", "cancel", "tool"]
+    wait, cancel, refund = stopped["segments"][2:]
+    assert (wait["resolution"], refund["ran"], cancel["duration_ms"]) == ("cancelled", False, 1.75)
+    waiting = timeline("still waiting, stop asked")
+    assert waiting["status"] == "cancelling" and waiting["duration_ms"] == 8876.545  # to now
+    assert [(s["kind"], s["open"]) for s in waiting["segments"][-2:]] == [("tool", True), ("cancel", True)]
+    assert [r["mode"] for r in waiting["segments"][-1]["requests"]] == ["soft", "hard"] and waiting["segments"][-1]["mode"] == "hard"
+    assert timeline("failed")["error"] == {"code": "model_stream_broken", "message": "gone"}
+    assert timeline("queued")["status"] == "queued" and timeline("queued")["segments"][0]["open"] is True
+
+
 def test_an_answer_cut_short_says_so_under_it_live_and_after_a_reload(page: Page, server: LiveServer, api: httpx.Client, axe_source: str) -> None:
     open_ui(page, server)
     send_and_finish(page, script({"text": "The refund went through and the order will", "cut": "length"}))

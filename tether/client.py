@@ -172,6 +172,10 @@ class AsyncClient:
         page = await self._json("GET", f"/v1/runs/{run_id}/events", params={"after_seq": after_seq, "limit": limit})
         return [Envelope.model_validate(item) for item in page["items"]]
 
+    async def timeline(self, run_id: str) -> dict[str, Any]:
+        """Where the run's time went, derived by the server from its event log."""
+        return await self._json("GET", f"/v1/runs/{run_id}/timeline")
+
     async def follow(self, run_id: str, *, after_seq: int = 0) -> AsyncGenerator[Envelope, None]:
         """Yield the run's events with ``seq > after_seq``, in order, each once, through the
         terminal event; reconnects from the last yielded seq whenever the connection drops.

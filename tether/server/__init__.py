@@ -27,7 +27,7 @@ from ..store import Principal
 from ..telemetry import Telemetry
 from ..webhooks import WebhookSettings, start_webhooks
 from ..webhooks import _routes as webhook_routes
-from . import _agent, _agui, _auth, _inbox, _metrics, _resume, _runs, _threads
+from . import _agent, _agui, _auth, _inbox, _metrics, _resume, _runs, _threads, _timeline
 from ._auth import Authenticate, AuthMode, principal_of
 from ._deps import caller_of, request_buckets_of
 from ._errors import install_error_handlers
@@ -164,6 +164,7 @@ def create_app(
     app.include_router(_threads.router, dependencies=counted)
     app.include_router(_threads.messages_router, dependencies=counted)
     app.include_router(_runs.router, dependencies=counted)
+    app.include_router(_timeline.router, dependencies=counted)
     app.include_router(_resume.router, dependencies=counted)
     app.include_router(_inbox.router, dependencies=counted)
     app.include_router(_metrics.router)

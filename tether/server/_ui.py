@@ -111,6 +111,12 @@ def render_index() -> str:
   <button type="button" id="audit-close" class="btn small">Close</button></div>
   <div id="audit-body"></div>
 </dialog>
+<dialog id="timeline" class="audit timeline" aria-labelledby="timeline-title" aria-describedby="timeline-summary">
+  <div class="audit-head"><h2 id="timeline-title">Run timeline</h2>
+  <span class="panel-actions"><button type="button" id="timeline-refresh" class="btn small" hidden>Refresh</button>
+  <button type="button" id="timeline-close" class="btn small">Close</button></span></div>
+  <div id="timeline-body"></div>
+</dialog>
 <dialog id="approvals" class="audit" aria-labelledby="approvals-title">
   <div class="audit-head"><h2 id="approvals-title">Approvals</h2>
   <button type="button" id="approvals-close" class="btn small">Close</button></div>

@@ -94,15 +94,18 @@ class TurnOutcome:
 
 @dataclass(frozen=True, slots=True)
 class CancelRequest:
-    """A cancel request as the run records it: its mode, why, and who asked."""
+    """A cancel request as the run records it: its mode, why, who asked, and when."""
 
     mode: CancelMode
     reason: str | None
     actor: str
+    #: When it was asked for: its audit entry's time, also when that entry is written later, with
+    #: the run's end (a run's timeline measures how long the cancel took to land from it).
+    requested_at: datetime = field(default_factory=utcnow)
 
     def audit_entry(self, thread_id: str, run_id: str, *, outcome: str) -> AuditEntry:
         """The request's ``cancel`` audit entry; ``outcome`` is what it did to the run."""
-        return AuditEntry("cancel", self.actor, thread_id, run_id, reason=self.reason, outcome=outcome, details={"mode": self.mode})
+        return AuditEntry("cancel", self.actor, thread_id, run_id, reason=self.reason, outcome=outcome, details={"mode": self.mode}, ts=self.requested_at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@
  * - `approval-card.js`: the review card of an interrupt;
  * - `approvals.js`: the Approvals view (every pending request you may decide, across threads);
  * - `audit-log.js`: the Audit log dialog; `sign-in.js`: who is signed in, the API key;
+ * - `run-timeline.js`: a run's events → its timeline (pure); `timeline-view.js`: the Timeline dialog;
  * - `dom.js`: element builder and batched text writes.
  *
  * The chat shows a thread's *active path* from stored messages. While a run is active, the part
@@ -40,6 +41,7 @@ import { $, api, app, bindElements, els } from './state.js';
 import { openThread, refreshThread, threadFromUrl } from './thread.js';
 import { closeSidebar, refreshThreadList, sidebarOpen, wireThreadList } from './thread-list.js';
 import { wireRename } from './thread-rename.js';
+import { wireTimeline } from './timeline-view.js';
 
 /** Esc closes the drawer, else stops a working run (soft). */
 function onEscape(event) {
@@ -82,6 +84,7 @@ async function init() {
   els.newThread.addEventListener('click', () => { openThread(null); els.input.focus(); });
   wireAuditLog();
   wireRename();
+  wireTimeline();
   els.approvalsBtn.addEventListener('click', () => app.approvals.open());
   els.signOut.addEventListener('click', signOut);
   wireThreadList((threadId) => openThread(threadId));

@@ -6,7 +6,7 @@
 
 import { button, h } from './dom.js';
 import { app, els } from './state.js';
-import { renderMessages } from './transcript.js';
+import { renderMessages, timelineButton } from './transcript.js';
 
 /** The empty page: what to try (each example fills the message box). */
 function starter() {
@@ -34,9 +34,10 @@ export function renderChat(actions) {
   const busy = Boolean(live && !live.terminal);
   if (!history.length && !live) fragment.append(starter());
   renderMessages(history, fragment, {
-    busy, actions, thinking: app.thinking, decisions: app.decisions, runErrors: app.runErrors,
+    busy, actions, thinking: app.thinking, decisions: app.decisions, runErrors: app.runErrors, liveRunId: live ? live.runId : null,
   });
-  if (live) fragment.append(live.el);
+  // The live run's timeline so far (its stored messages, and their button, come when it ends).
+  if (live) fragment.append(live.el, h('div', { class: 'actions live-actions' }, timelineButton(live.runId, actions.timeline)));
   els.chat.replaceChildren(fragment);
   els.chat.scrollTop = els.chat.scrollHeight;
   restoreFocus(focusWasInChat);

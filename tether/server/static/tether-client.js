@@ -145,6 +145,8 @@ export class TetherClient {
   async events(runId, { afterSeq = 0, limit = 1000 } = {}) {
     return (await this.request('GET', `/v1/runs/${enc(runId)}/events?after_seq=${afterSeq}&limit=${limit}`)).items;
   }
+  /** Where the run's time went, derived by the server from its event log (`run-timeline.js` derives the same). */
+  timeline(runId) { return this.request('GET', `/v1/runs/${enc(runId)}/timeline`); }
 
   /**
    * Follow a run's events; see `RunStream`. Starts at once.

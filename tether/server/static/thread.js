@@ -15,6 +15,7 @@ import { runConfig } from './settings.js';
 import { api, app, closeLive, diagnostics, els } from './state.js';
 import { closeSidebar, markActiveThread, refreshThreadList } from './thread-list.js';
 import { showThreadTitle } from './thread-rename.js';
+import { openTimeline } from './timeline-view.js';
 
 /** What a `LiveRun` may ask of the page. */
 const liveHost = {
@@ -166,6 +167,7 @@ const messageActions = {
   regenerate: (userMessageId) => regenerate(userMessageId),
   editAnswer: (messageId, text) => editAnswer(messageId, text),
   switchBranch: (messageId) => switchBranch(messageId),
+  timeline: (runId) => openTimeline(runId),
 };
 
 export async function withSending(action) {

@@ -140,14 +140,21 @@ function inlineEditor(article, initial, saveLabel, onSave) {
   area.focus();
 }
 
+/** The Timeline button of run `runId` (`timeline-view.js` draws it). */
+export function timelineButton(runId, openTimeline) {
+  return button('Timeline', () => openTimeline(runId), 'btn tiny timeline-btn', { 'aria-label': 'Timeline of this run', dataset: { runId } });
+}
+
 /**
  * Render the stored messages of the active path into `into` (tool messages go into the cards
  * of their calls). `actions` = {fork(message, text), regenerate(userMessageId),
- * editAnswer(messageId, text), switchBranch(messageId)}; `thinking` = reasoning by message id;
+ * editAnswer(messageId, text), switchBranch(messageId), timeline(runId)}; each run's last
+ * message carries its Timeline button; `thinking` = reasoning by message id;
  * `decisions` = how each reviewed call was decided, by call id (from the audit log);
- * `runErrors` = the `error` of each failed run, by run id.
+ * `runErrors` = the `error` of each failed run, by run id; `liveRunId` = the run followed live
+ * (its Timeline button is under the live part, not on its input message).
  */
-export function renderMessages(messages, into, { busy, actions, thinking = new Map(), decisions = new Map(), runErrors = new Map() }) {
+export function renderMessages(messages, into, { busy, actions, thinking = new Map(), decisions = new Map(), runErrors = new Map(), liveRunId = null }) {
   const cards = new Map();
   let lastUserId = null;
   // "Regenerate" goes on the last assistant message of each turn (or on a user message that
@@ -166,6 +173,10 @@ export function renderMessages(messages, into, { busy, actions, thinking = new M
     }
   }
   if (lastAssistant) turnEnd.add(lastAssistant);
+  // Each run's Timeline button goes on its last message shown (a user or an assistant message).
+  const lastOfRun = new Map();
+  for (const message of messages) if (message.run_id && message.role !== 'tool' && message.run_id !== liveRunId) lastOfRun.set(message.run_id, message.id);
+  const timeline = (message) => (actions.timeline && lastOfRun.get(message.run_id) === message.id ? timelineButton(message.run_id, actions.timeline) : null);
   lastUserId = null;
   for (const message of messages) {
     if (message.role === 'user') {
@@ -175,6 +186,7 @@ export function renderMessages(messages, into, { busy, actions, thinking = new M
         button('Edit', () => inlineEditor(article, message.content, 'Send edited message', (text) => actions.fork(message, text)),
           'btn tiny edit-user', { disabled: busy, 'aria-label': 'Edit this message' }),
         answered.has(message.id) || busy ? null : button('Regenerate', () => actions.regenerate(message.id), 'btn tiny regenerate', { disabled: busy, 'aria-label': 'Answer this message again' }),
+        timeline(message),
         branchSwitcher(message, busy, actions.switchBranch)));
       into.append(article);
     } else if (message.role === 'assistant') {
@@ -200,6 +212,7 @@ export function renderMessages(messages, into, { busy, actions, thinking = new M
         editable ? button('Edit', () => inlineEditor(block.el, message.content || '', 'Save', (text) => actions.editAnswer(message.id, text)),
           'btn tiny edit-answer', { disabled: busy, 'aria-label': 'Edit this answer' }) : null,
         lastUserId && turnEnd.has(message.id) ? button('Regenerate', () => actions.regenerate(lastUserId), 'btn tiny regenerate', { disabled: busy, 'aria-label': 'Regenerate this answer' }) : null,
+        timeline(message),
         branchSwitcher(message, busy, actions.switchBranch)));
       into.append(block.el);
     } else if (message.role === 'tool') {
