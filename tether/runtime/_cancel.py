@@ -45,6 +45,11 @@ Why each transition exists:
   ``hard`` request that upgraded it meanwhile makes the write match no row, and the run ends
   again with ``hard``.
 
+:class:`RunCancel` keeps where it is in one value, :class:`CancelState` (NONE, SIGNALLED,
+HANDED_OVER, DURABLE, ENDED, as drawn above); every transition is a method that checks it, and
+the runner and the run's end ask it (:meth:`RunCancel.adopt`, :meth:`RunCancel.end_run`) instead
+of reading its fields.
+
 A cancel of the run's own is kept apart from an outside ``CancelledError`` (the server
 stopping): that one propagates untouched and leaves the run for recovery.
 """
@@ -52,6 +57,7 @@ stopping): that one propagates untouched and leaves the run for recovery.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -70,7 +76,7 @@ if TYPE_CHECKING:
     from ._bus import LocalBus
     from ._runner import RunExecutor
 
-__all__ = ["CancelMode", "Cancels", "RunCancel", "cancelled_event"]
+__all__ = ["CancelMode", "CancelState", "Cancels", "RunCancel", "cancelled_event"]
 
 log = logging.getLogger("tether.runtime")
 
@@ -84,41 +90,74 @@ def cancelled_event(recorded: RunRecord | CancelRequest, *, partial_message_id: 
     return Cancelled(mode=mode, reason=recorded.cancel_reason, actor=recorded.cancel_actor, partial_message_id=partial_message_id)
 
 
+class CancelState(enum.Enum):
+    """Where one executor's cancel is (:class:`RunCancel`); each transition checks it."""
+
+    #: Nothing signalled: the run goes on.
+    NONE = "none"
+    #: A request signalled here (the model stopped; with ``hard``, the tools too) whose write the
+    #: runtime has under way: the run does not end before it is on record.
+    SIGNALLED = "signalled"
+    #: Signalled with the request itself while the answer streamed: the run's end write records it
+    #: (DURABLE and ENDED in one commit).
+    HANDED_OVER = "handed_over"
+    #: A request on record (``cancelling``, or, after a failed write, to be recorded by the end):
+    #: the run ends ``cancelled``.
+    DURABLE = "durable"
+    #: The ``cancelled`` event and status are written.
+    ENDED = "ended"
+
+
 class RunCancel:
     """One run's cancel as its executor carries it out: SIGNALLED → DURABLE → ENDED."""
 
-    def __init__(self, store: Store, run: RunRecord, *, mode: CancelMode | None = None) -> None:
+    def __init__(self, store: Store, run: RunRecord) -> None:
         self._store = store
         self._run = run
-        #: The mode signalled here, or None: "requested", not "done". A run taken over while it
-        #: was stopping starts signalled (and durable: its request is on record).
-        self.mode: CancelMode | None = mode
+        #: Where the cancel is (:class:`CancelState`).
+        self.state = CancelState.NONE
+        #: The mode signalled here, or None: "requested", not "done". ``hard`` stays hard.
+        self.mode: CancelMode | None = None
         self._model_scope: anyio.CancelScope | None = None
         self._tools_scope: anyio.CancelScope | None = None
-        #: Clear while a request signalled here is being written by the runtime.
-        self._durable = asyncio.Event()
-        self._durable.set()
-        #: The run as the runtime's write of the request left it (who asked, why).
+        #: Set unless a request signalled here is being written (SIGNALLED, or the end write of
+        #: a handed-over one): what :meth:`end` waits for.
+        self._written = asyncio.Event()
+        self._written.set()
+        #: DURABLE: the run as the runtime's write of the request left it (who asked, why).
         self._record: RunRecord | None = None
-        #: A request handed over to be recorded by the run's end, and the answer its caller
-        #: awaits (did that write commit?).
+        #: HANDED_OVER: the request the run's end records, and the answer its caller awaits.
         self._handed: tuple[CancelRequest, asyncio.Future[bool]] | None = None
+
+    @classmethod
+    def for_executor(cls, store: Store, run: RunRecord, *, takeover: bool) -> RunCancel:
+        """The cancel of a new executor of ``run``: a run taken over while it was stopping starts
+        DURABLE (its request is on record)."""
+        cancel = cls(store, run)
+        if takeover:
+            cancel.adopt(run)
+        return cancel
+
+    def _move(self, to: CancelState, *allowed: CancelState) -> None:
+        if self.state not in allowed:
+            raise RuntimeError(f"run {self._run.id}: cancel cannot go from {self.state.value} to {to.value}")
+        self.state = to
 
     @property
     def requested(self) -> bool:
         """True once a cancel was signalled: nothing new starts."""
-        return self.mode is not None
+        return self.state is not CancelState.NONE
 
     @property
     def streaming(self) -> bool:
         """True while the model streams and nothing was signalled: a cancel now can end the run
         in one write (:meth:`hand_over`)."""
-        return self._model_scope is not None and self.mode is None
+        return self._model_scope is not None and self.state is CancelState.NONE
 
     @property
     def handed_over(self) -> bool:
         """True while a handed-over request waits for the run's end."""
-        return self._handed is not None
+        return self.state is CancelState.HANDED_OVER
 
     # -- the scopes a signal cancels ------------------------------------------------------------
 
@@ -127,7 +166,7 @@ class RunCancel:
         """The scope of one model call: cancelled by any signal (at once if one came already)."""
         with anyio.CancelScope() as scope:
             self._model_scope = scope
-            if self.mode:
+            if self.requested:
                 scope.cancel()
             try:
                 yield scope
@@ -152,10 +191,16 @@ class RunCancel:
         """SIGNALLED: stop the model stream now; with ``hard`` also cancel executing tools.
 
         ``durable=False``: the request is not on record yet (the runtime is writing it); the
-        run ends only after :meth:`recorded`.
+        run ends only after :meth:`recorded`. A request on record already (``durable``, the
+        default) makes the cancel DURABLE at once. A second request changes only the mode
+        (``soft`` → ``hard``).
         """
-        if not durable and self.mode is None:
-            self._durable.clear()
+        if self.state is CancelState.ENDED:
+            return
+        if self.state is CancelState.NONE:
+            self.state = CancelState.DURABLE if durable else CancelState.SIGNALLED
+            if not durable:
+                self._written.clear()
         if self.mode != "hard":
             self.mode = mode
         if self._model_scope is not None:
@@ -168,21 +213,38 @@ class RunCancel:
         if self.mode not in ("hard", mode):
             self.signal(mode)
 
+    def adopt(self, record: RunRecord) -> bool:
+        """A request found on record (the run read back is ``cancelling``): SIGNALLED and DURABLE
+        at once, with the recorded mode. False (nothing changes) when ``record`` is not cancelling."""
+        if record.status != "cancelling":
+            return False
+        self.signal(record.cancel_mode or "soft")
+        return True
+
     async def hand_over(self, request: CancelRequest) -> bool:
-        """SIGNALLED with the request itself, while :attr:`streaming`: the run's end records it
-        (DURABLE and ENDED in one commit). True once that transaction committed; False when it
-        did not apply or did not happen: the caller then records ``request`` as usual, and the
-        run ends once that is over (:meth:`recorded`)."""
+        """HANDED_OVER, while :attr:`streaming`: the run's end records the request (DURABLE and
+        ENDED in one commit). True once that transaction committed; False when it did not apply
+        or did not happen: the caller then records ``request`` as usual, and the run ends once
+        that is over (:meth:`recorded`)."""
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._move(CancelState.HANDED_OVER, CancelState.NONE)
         self._handed = (request, answer)
-        self.signal(request.mode)
+        self.mode = request.mode
+        if self._model_scope is not None:
+            self._model_scope.cancel()
+        if request.mode == "hard" and self._tools_scope is not None:
+            self._tools_scope.cancel()
         # Shielded: a caller that goes away does not stop the run's end (nor its answer).
         return await asyncio.shield(answer)
 
     def answer_hand_over(self, ended: bool) -> None:
-        """Give the :meth:`hand_over` caller its answer: did the run end with its request?"""
+        """Give the :meth:`hand_over` caller its answer: did the run end with its request? If it
+        did not, the request is the caller's to record (SIGNALLED until it is)."""
         if self._handed is not None:
             (_request, answer), self._handed = self._handed, None
+            if self.state is CancelState.HANDED_OVER:
+                self.state = CancelState.SIGNALLED
+                self._written.clear()
             if not answer.done():
                 answer.set_result(ended)
 
@@ -191,19 +253,30 @@ class RunCancel:
         the run as it left it), or failed (None: the end records it, actor ``system``)."""
         if record is not None and record.status == "cancelling":
             self._record = record
-        self._durable.set()
+        if self.state is CancelState.SIGNALLED:
+            self.state = CancelState.DURABLE
+        self._written.set()
+
+    async def end_run(self, events: EventLog, *, partial_message_id: str | None, last_turn: TurnOutcome | None) -> bool:
+        """If a request was handed over, end the run with it (:meth:`end_handed_over`); True when
+        that ended the run. False when there was none, or its write did not apply: the run's end
+        goes on its way (its outcome's write, or :meth:`end`)."""
+        if self.state is not CancelState.HANDED_OVER:
+            return False
+        return await self.end_handed_over(events, partial_message_id=partial_message_id, last_turn=last_turn)
 
     async def end_handed_over(self, events: EventLog, *, partial_message_id: str | None, last_turn: TurnOutcome | None) -> bool:
         """ENDED in the transaction that also records the handed-over request (its audit entry
         too): one commit from the request to ``cancelled``. False if the write did not apply
         (the run is no longer ``running``): the caller's record of it then comes first."""
-        assert self._handed is not None
+        if self.state is not CancelState.HANDED_OVER or self._handed is None:
+            raise RuntimeError(f"run {self._run.id}: no cancel was handed over ({self.state.value})")
         request = self._handed[0]
         # The end says what the request it records says. Another request signalled meanwhile
         # (say a hard one) is not recorded yet: if this write applies, that one finds the run
         # ended and is refused (409), so it must leave no trace here; if it was recorded first,
         # this write does not apply and the run ends with the recorded mode (:meth:`end`).
-        self._durable.clear()  # should this write not apply, the caller's record comes first
+        self._written.clear()  # should this write not apply, the caller's record comes first
         final = events.seal(cancelled_event(request, partial_message_id=partial_message_id))
         entry = request.audit_entry(self._run.thread_id, self._run.id, outcome="cancelled")
         ended = False
@@ -220,7 +293,8 @@ class RunCancel:
             )
         finally:
             if ended:
-                self._durable.set()
+                self.state = CancelState.ENDED
+                self._written.set()
             else:
                 events.unseal(final)  # not written: its seq is still free
             self.answer_hand_over(ended)
@@ -232,7 +306,7 @@ class RunCancel:
         """ENDED: once DURABLE, the ``cancelled`` event and status in one conditional write.
         True if it wrote them (with ``last_turn``); False if the run is no longer this
         executor's to end (taken over, or ended)."""
-        await self._durable.wait()  # a cancel signalled before it was written: its record first
+        await self._written.wait()  # a cancel signalled before it was written: its record first
         # The request's record, as this process wrote it (who asked, why); read it otherwise.
         current = self._record or await self._store.get_run(self._run.id)
         if current.status == "running" and self.mode:
@@ -250,6 +324,7 @@ class RunCancel:
                 as_executor=True,
                 if_cancel_mode=event.mode,
             ):
+                self.state = CancelState.ENDED
                 events.publish_final(final)
                 return True
             events.unseal(final)

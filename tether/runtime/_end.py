@@ -88,14 +88,13 @@ class RunEnd:
             events.restart_at(await seg.store.last_seq(seg.run.id) + 1)
             outcome = RunError(code="event_log_failed", message="the event log could not be written", retryable=True)
             seg.answer_turn = None  # its tokens may not be stored: the store never runs ahead of the log
-        if seg.cancel.handed_over:
-            # A cancel handed over while the run streamed: recorded by the run's end, whatever
-            # outcome the loop reached (a requested cancel wins).
-            if seg.answer_turn is not None:  # a finished answer the cancel overtook
-                await self.flag_answer_cancelled(seg.answer_turn.message_id)
-            if await seg.cancel.end_handed_over(events, partial_message_id=seg.partial_message_id, last_turn=seg.cancelled_turn):
-                seg.cancelled_turn = None
-                return
+        if seg.cancel.handed_over and seg.answer_turn is not None:
+            # A cancel handed over while the run streamed wins over whatever outcome the loop
+            # reached: a finished answer it overtook is kept flagged.
+            await self.flag_answer_cancelled(seg.answer_turn.message_id)
+        if await seg.cancel.end_run(events, partial_message_id=seg.partial_message_id, last_turn=seg.cancelled_turn):
+            seg.cancelled_turn = None
+            return
         if outcome is not Stop.CANCELLED:
             status = "completed" if isinstance(outcome, Done) else "failed"
             final = events.seal(outcome)

@@ -80,7 +80,7 @@ class RunExecutor:
     ) -> None:
         #: The run's cancel as this executor carries it out (:mod:`._cancel`). A run taken over
         #: while it was stopping starts signalled: the dead process was already stopping it.
-        self.cancel = RunCancel(store, run, mode=run.cancel_mode if takeover and run.status == "cancelling" else None)
+        self.cancel = RunCancel.for_executor(store, run, takeover=takeover)
         # Given when the run was created running (``Store.create_run(running=True)``): then its
         # start, with its first turn's message, is written already.
         self._segment = seg = Segment(store, agent, run, self.cancel, started_turn=started.first_turn if started is not None else None)
@@ -168,9 +168,7 @@ class RunExecutor:
             return recovered
         if self._resume is not None:
             # A cancel recorded while the resume was committing found no executor to tell.
-            current = await seg.store.get_run(self.run.id)
-            if current.status == "cancelling":
-                self.cancel.signal(current.cancel_mode or "soft")
+            self.cancel.adopt(await seg.store.get_run(self.run.id))
             return await self._loop(await self._tools.apply_review(self._resume))
         if self._created is not None:  # created running, with its first status and turn's message
             if self._created.input.parent_id is None:  # a new conversation: its input is the whole path
@@ -187,10 +185,8 @@ class RunExecutor:
             seg.started_turn = first_turn
         else:
             seg.events.unseal(announce)
-            current = await seg.store.get_run(self.run.id)
-            if current.status != "cancelling":
+            if not self.cancel.adopt(await seg.store.get_run(self.run.id)):
                 return Stop.WAITING  # someone else owns it, or it is terminal: nothing to finish here
-            self.cancel.signal(current.cancel_mode or "soft")
         return await self._loop(await seg.history_at(self.run.input_message_id))
 
     async def _loop(self, history: list[ChatMessage]) -> Outcome | Literal[Stop.WAITING]:
@@ -225,7 +221,7 @@ class RunExecutor:
                     await self._end.store_answer()
                     continue
                 seg.accepting_messages = False
-                return Done(message_id=turn.message_id, usage=seg.usage.to_json(), finish_reason=turn.finish_reason)
+                return Done(message_id=turn.message_id, usage=seg.usage.to_json())
             results = await self._tools.handle(turn.calls)
             if results is Stop.WAITING:
                 return Stop.WAITING
