@@ -221,7 +221,7 @@ class RunExecutor:
                     await self._end.store_answer()
                     continue
                 seg.accepting_messages = False
-                return Done(message_id=turn.message_id, usage=seg.usage.to_json())
+                return Done(message_id=turn.message_id, usage=seg.usage.to_json(), finish_reason=turn.finish_reason)
             results = await self._tools.handle(turn.calls)
             if results is Stop.WAITING:
                 return Stop.WAITING
