@@ -34,14 +34,14 @@ if child is not None:
 returncode = None if child is None else child.exitcode
 import tether.server, tether.server._serving
 from tether.demo import build_demo_agent
-from tether.store import Store
+from tether.store import AtLeaf, Store
 from tether.store._engine import HEAD_REVISION
 NOT_WHEN_SERVING = json.loads(sys.argv[2])
 async def main():
     build_demo_agent()
     store = await Store.open(url)
     thread = await store.create_thread(owner="local")
-    created = await store.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={}, owner="local")
+    created = await store.create_run(thread_id=thread.id, attach=AtLeaf(content="hi"), config={}, owner="local")
     assert [e.type for e in await store.read_events(created.run.id)][0] == "run_started"
     current = not await Store.needs_migrations(url)
     await store.aclose()

@@ -18,7 +18,7 @@ from tether.errors import NotFound, ThreadBusy
 from tether.events import Envelope, Token, now_ts
 from tether.runtime import follow_run
 from tether.runtime._pgbus import PostgresBus
-from tether.store import Store, StoredEvent
+from tether.store import AtLeaf, Store, StoredEvent
 from tether.store._notify import EVENTS_CHANNEL, MAX_PAYLOAD_BYTES, events_payloads, parse_events_payload
 
 pytestmark = pytest.mark.anyio
@@ -44,7 +44,7 @@ async def two_processes(pg_db_url: str) -> AsyncIterator[tuple[Store, Store]]:
 async def test_followers_on_another_process_share_one_read_per_notification(two_processes: tuple[Store, Store]) -> None:
     a, b = two_processes
     thread = await a.create_thread(owner="alice")
-    run = (await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})).run
+    run = (await a.create_run(thread_id=thread.id, attach=AtLeaf(content="hi"), config={})).run
     reads = 0
 
     async def counted_read(run_id: str, after_seq: int, limit: int) -> list[StoredEvent]:
@@ -108,7 +108,7 @@ async def test_a_group_commit_of_hundreds_of_runs_reaches_every_follower_on_anot
     runs = []
     for _ in range(300):
         thread = await a.create_thread(owner="alice")
-        run = (await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})).run
+        run = (await a.create_run(thread_id=thread.id, attach=AtLeaf(content="hi"), config={})).run
         runs.append(run.id)
     dsn = b.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     bus = PostgresBus(dsn, b.instance_id, read_events=lambda run_id, after, limit: b.read_events(run_id, after_seq=after, limit=limit))
@@ -159,15 +159,15 @@ async def test_a_run_start_is_announced_on_commit_with_its_last_seq_and_a_refuse
     try:
         thread = await a.create_thread(owner="alice")
         with anyio.fail_after(30):
-            created = await a.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={}, running=True)
+            created = await a.create_run(thread_id=thread.id, attach=AtLeaf(content="hi"), config={}, running=True)
             notice = parse_events_payload(await heard.get())
             assert (notice.origin, notice.runs) == (a.instance_id, [(created.run.id, 2)])
             assert await b.read_events(created.run.id) == created.events
             # Refused (the thread is busy; another owner's): nothing is written, nothing announced.
             with pytest.raises(ThreadBusy):
-                await a.create_run(thread_id=thread.id, content="again", parent_id=None, use_active_leaf=True, config={}, running=True)
+                await a.create_run(thread_id=thread.id, attach=AtLeaf(content="again"), config={}, running=True)
             with pytest.raises(NotFound):
-                await a.create_run(thread_id=thread.id, content="mine?", parent_id=None, use_active_leaf=True, config={}, owner="bob")
+                await a.create_run(thread_id=thread.id, attach=AtLeaf(content="mine?"), config={}, owner="bob")
             # A commit of events after the refusals: the next notification heard is its own.
             await a.append_events(created.run.id, [token(created.run.id, 3)])
             assert parse_events_payload(await heard.get()).runs == [(created.run.id, 3)]

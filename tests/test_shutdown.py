@@ -25,7 +25,7 @@ import pytest
 
 from tether.client import AsyncClient
 from tether.runtime import LocalBus, StreamEnded, follow_run
-from tether.store import Store
+from tether.store import AtLeaf, Store
 
 from .conftest import ServerProcess, script, start_server
 
@@ -232,7 +232,7 @@ async def test_ending_the_streams_stops_a_waiting_follower_and_every_later_one(t
     try:
         bus = LocalBus()
         thread = await store.create_thread(owner="local")
-        created = await store.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={}, running=True)
+        created = await store.create_run(thread_id=thread.id, attach=AtLeaf(content="hi"), config={}, running=True)
         run_id = created.run.id
 
         async def follow() -> list[int]:

@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from tether.events import Envelope, Token
-from tether.store import Store, StoredEvent
+from tether.store import AtLeaf, Store, StoredEvent
 from tether.store._sqlite import BLOCKING_CHECKPOINT_BYTES, CHECKPOINT_BYTES, WAL_KEPT_BYTES, WRITER_BUSY_TIMEOUT_S
 
 from .conftest import sqlite_url
@@ -38,7 +38,7 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 async def _run(store: Store) -> str:
     thread = await store.create_thread(owner="local", metadata={})
-    run = (await store.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={})).run
+    run = (await store.create_run(thread_id=thread.id, attach=AtLeaf(content="hi"), config={})).run
     return run.id
 
 

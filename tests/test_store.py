@@ -34,7 +34,21 @@ from tether.review import ActionRequest, Approve, Decision, Edit, Expired, Parke
 from tether.runtime import LocalBus
 from tether.runtime._eventlog import EventLog
 from tether.runtime._groupcommit import GroupCommit
-from tether.store import AuditEntry, CancelRequest, InterruptRecord, MessageRecord, RunRecord, Store, StoredEvent, ThreadRecord, TurnOutcome
+from tether.store import (
+    AtLeaf,
+    Attach,
+    AuditEntry,
+    CancelRequest,
+    Fork,
+    InterruptRecord,
+    MessageRecord,
+    Regenerate,
+    RunRecord,
+    Store,
+    StoredEvent,
+    ThreadRecord,
+    TurnOutcome,
+)
 from tether.store import _tables as tables
 from tether.webhooks import _tables as _webhook_tables  # noqa: F401  (its tables are on the store's metadata)
 
@@ -115,10 +129,16 @@ def stored(run_id: str, seq: int, event: Event) -> StoredEvent:
     return StoredEvent(seq, event.type, Envelope.encode(run_id, seq, event, now_ts()))
 
 
+def attach_of(content: str | None, parent_id: str | None = None, use_active_leaf: bool = True) -> Attach:
+    """The attach a start's old arguments meant: at the leaf, a fork, or a regeneration."""
+    if content is None:
+        return Regenerate(message_id=parent_id)
+    return AtLeaf(content=content) if use_active_leaf else Fork(content=content, parent_id=parent_id)
+
+
 async def start_run(store: Store, thread: ThreadRecord, content: str | None = "hello", **options: Any) -> tuple[RunRecord, MessageRecord, StoredEvent]:
-    kwargs: dict[str, Any] = {"parent_id": None, "use_active_leaf": True, "config": {}}
-    kwargs.update(options)
-    created = await store.create_run(thread_id=thread.id, content=content, **kwargs)
+    attach = attach_of(content, options.pop("parent_id", None), options.pop("use_active_leaf", True))
+    created = await store.create_run(thread_id=thread.id, attach=attach, config=options.pop("config", {}), **options)
     return created.run, created.input, created.events[0]
 
 
@@ -274,9 +294,9 @@ async def test_missing_or_foreign_records_are_not_found_with_their_own_codes(sto
     cases: list[tuple[Callable[[], Awaitable[Any]], str]] = [
         (lambda: store.get_thread("thr_missing"), "thread_not_found"),
         (lambda: store.get_thread(thread.id, owner="bob"), "thread_not_found"),
-        (lambda: store.create_run(thread_id="thr_missing", content="x", parent_id=None, use_active_leaf=True, config={}), "thread_not_found"),
-        (lambda: store.create_run(thread_id=thread.id, content="x", parent_id=None, use_active_leaf=True, config={}, owner="bob"), "thread_not_found"),
-        (lambda: store.create_run(thread_id=thread.id, content="x", parent_id=None, use_active_leaf=False, config={}, owner="bob"), "thread_not_found"),
+        (lambda: store.create_run(thread_id="thr_missing", attach=AtLeaf(content="x"), config={}), "thread_not_found"),
+        (lambda: store.create_run(thread_id=thread.id, attach=AtLeaf(content="x"), config={}, owner="bob"), "thread_not_found"),
+        (lambda: store.create_run(thread_id=thread.id, attach=Fork(content="x", parent_id=None), config={}, owner="bob"), "thread_not_found"),
         (lambda: store.get_run("run_missing"), "run_not_found"),
         (lambda: store.request_cancel("run_missing", mode="soft", reason=None, actor="a"), "run_not_found"),
         (lambda: store.get_message("msg_missing"), "message_not_found"),
@@ -320,9 +340,7 @@ async def test_a_run_created_running_is_one_transaction_with_its_first_status_an
     """``create_run(running=True)``: what ``create_run`` and then ``mark_running`` write, in one
     commit (the server starts every run this way); refused, it writes nothing."""
     thread = await store.create_thread(owner="alice")
-    created = await store.create_run(
-        thread_id=thread.id, content="refund order 42", parent_id=None, use_active_leaf=True, config={}, requested_by="alice", running=True
-    )
+    created = await store.create_run(thread_id=thread.id, attach=AtLeaf(content="refund order 42"), config={}, requested_by="alice", running=True)
     run, user, answer = created.run, created.input, created.first_turn
     assert answer is not None
     assert (run.status, run.requested_by, run.input_message_id) == ("running", "alice", user.id) and run.started_at is not None
@@ -342,7 +360,7 @@ async def test_a_run_created_running_is_one_transaction_with_its_first_status_an
         if refusal is InvalidRequest:
             await finish(store, run.id, from_statuses=("running",))
         with pytest.raises(refusal):
-            await store.create_run(thread_id=thread.id, content="and another", parent_id=parent_id, use_active_leaf=use_active_leaf, config={}, running=True)
+            await store.create_run(thread_id=thread.id, attach=attach_of("and another", parent_id, use_active_leaf), config={}, running=True)
         assert len(await store.list_runs(thread.id)) == 1
         assert await store.thread_messages(thread.id) == [user, answer]
         assert (await store.get_thread(thread.id)).active_leaf_id == answer.id
@@ -449,7 +467,7 @@ async def test_invalid_parents_and_missing_input_are_refused_and_write_nothing(s
     ]
     for options, code in cases:
         with pytest.raises(InvalidRequest) as caught:
-            await store.create_run(thread_id=thread.id, config={}, **options)
+            await store.create_run(thread_id=thread.id, config={}, attach=attach_of(**options))
         assert caught.value.code == code, options
     assert len(await store.list_runs(thread.id)) == 1
     assert await store.thread_messages(thread.id) == before
@@ -1266,13 +1284,13 @@ async def test_a_run_taken_over_by_another_store_can_no_longer_be_ended_or_parke
 _OPEN_AND_WORK = """
 import asyncio, json, sys
 from tether.demo import DemoShop, demo_effects
-from tether.store import Store
+from tether.store import AtLeaf, Store
 LAZY = ("alembic", "sqlalchemy.ext.asyncio", "sqlalchemy.orm", "greenlet", "aiosqlite")
 async def main():
     store = await Store.open(sys.argv[1])
     await DemoShop().open(store)
     thread = await store.create_thread(owner="local")
-    created = await store.create_run(thread_id=thread.id, content="hi", parent_id=None, use_active_leaf=True, config={}, owner="local")
+    created = await store.create_run(thread_id=thread.id, attach=AtLeaf(content="hi"), config={}, owner="local")
     assert [e.type for e in await store.read_events(created.run.id)][0] == "run_started"
     before = [m for m in LAZY if m in sys.modules]
     async with store.transaction() as conn:

@@ -12,7 +12,7 @@ The protocol layer, with no web framework in it (the routes are ``tether.server.
 ``docs/ag-ui.md`` has the mapping table and what Tether adds to AG-UI.
 """
 
-from ._history import RunPlan, agui_messages, message_text, parked_messages, path_before_run, plan_run
+from ._history import agui_messages, message_text, parked_messages, path_before_run, plan_run
 from ._interrupts import agui_interrupt_id, agui_interrupts, decisions_for, response_schema, tether_interrupt_id
 from ._mapping import PROTOCOL_VERSION, Cursor, EventMapper, Frame, Transcript, encode_frame, reasoning_id, speaks_cancelled_outcome, tool_message_id
 
@@ -31,7 +31,6 @@ __all__ = [
     "agui_interrupts",
     "response_schema",
     "decisions_for",
-    "RunPlan",
     "plan_run",
     "agui_messages",
     "parked_messages",

@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FieldError, InvalidRequest
 from ..runtime import tool_message_content
-from ..store import InterruptRecord, MessageRecord, RunRecord
+from ..store import AtLeaf, Attach, Fork, InterruptRecord, MessageRecord, Regenerate, RunRecord
 from ._mapping import tool_message_id
 
-__all__ = ["agui_messages", "parked_messages", "path_before_run", "RunPlan", "plan_run", "message_text"]
+__all__ = ["agui_messages", "parked_messages", "path_before_run", "plan_run", "message_text"]
 
 #: The roles matched against the tree (the rest are the client's own).
 _MATCHED_ROLES = ("user", "assistant", "tool")
@@ -94,15 +93,6 @@ def path_before_run(path: Sequence[MessageRecord], run: RunRecord) -> list[Messa
     return before
 
 
-@dataclass(frozen=True, slots=True)
-class RunPlan:
-    """What a client's message list asks for, as the arguments of ``Runtime.start_run``."""
-
-    content: str | None
-    parent_id: str | None
-    use_active_leaf: bool
-
-
 def message_text(message: dict[str, Any], index: int) -> str:
     """The text of a client message (a string, or text parts; other parts are refused)."""
     content = message.get("content")
@@ -130,9 +120,9 @@ def _mismatch(message: str, index: int, client_id: Any, **details: Any) -> Inval
     )
 
 
-def plan_run(client: Sequence[dict[str, Any]], tree: Sequence[MessageRecord], active_leaf_id: str | None) -> RunPlan:
-    """Match the client's message list (``RunAgentInput.messages``, as JSON) against the tree;
-    see the module docstring."""
+def plan_run(client: Sequence[dict[str, Any]], tree: Sequence[MessageRecord], active_leaf_id: str | None) -> Attach:
+    """Match the client's message list (``RunAgentInput.messages``, as JSON) against the tree:
+    where the run it asks for attaches (see the module docstring)."""
     by_id = {m.id: m for m in tree}
     children: dict[str | None, list[MessageRecord]] = {}
     for m in tree:
@@ -162,7 +152,7 @@ def plan_run(client: Sequence[dict[str, Any]], tree: Sequence[MessageRecord], ac
     rest = listed[matched:]
     if not rest:
         if node is not None and node.role == "user":
-            return RunPlan(None, node.id, use_active_leaf=False)  # regenerate its answer
+            return Regenerate(message_id=node.id)  # regenerate its answer
         raise InvalidRequest(
             "the message list holds no new user message to answer",
             code="nothing_to_run",
@@ -183,5 +173,5 @@ def plan_run(client: Sequence[dict[str, Any]], tree: Sequence[MessageRecord], ac
         raise InvalidRequest("the new user message is empty", code="empty_message", fields=[FieldError(("messages", index, "content"), "empty", "empty")])
     parent_id = node.id if node is not None else None
     if parent_id == active_leaf_id:
-        return RunPlan(content, None, use_active_leaf=True)
-    return RunPlan(content, parent_id, use_active_leaf=False)
+        return AtLeaf(content=content)
+    return Fork(content=content, parent_id=parent_id)

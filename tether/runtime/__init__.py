@@ -27,7 +27,7 @@ from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, R
 from ..events import CancelMode, Resumed, format_ts
 from ..models import Usage
 from ..review import Decision, Edit, Expired, Reject
-from ..store import AuditEntry, CancelControl, ControlMessage, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store, args_digest
+from ..store import Attach, AuditEntry, CancelControl, ControlMessage, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store, args_digest
 from ._bus import LocalBus, Subscription
 from ._cancel import Cancels
 from ._config import RunConfig
@@ -65,9 +65,7 @@ log = logging.getLogger("tether.runtime")
 class RunStart(TypedDict, total=False):
     """What a run starts with (:meth:`Runtime.start_run`'s arguments after the thread)."""
 
-    content: Required[str | None]
-    parent_id: str | None
-    use_active_leaf: bool
+    attach: Required[Attach]
     config: RunConfig | None
     owner: str | None
     requester: str | None
@@ -221,9 +219,7 @@ class Runtime:
         self,
         thread_id: str,
         *,
-        content: str | None,
-        parent_id: str | None = None,
-        use_active_leaf: bool = True,
+        attach: Attach,
         config: RunConfig | None = None,
         owner: str | None = None,
         requester: str | None = None,
@@ -232,15 +228,16 @@ class Runtime:
         ``run_started`` and first ``status`` events and its first model turn's empty answer, one
         transaction), then execute it in a task of the runtime. Returns the run as created.
 
-        The input attaches to the thread's active leaf (``use_active_leaf``) or to ``parent_id``
-        (a fork; ``None`` is a new root); with no ``content`` the run regenerates the answer to
-        the user message ``parent_id``. :class:`~tether.errors.NotFound` if the thread does not
-        exist or is not ``owner``'s; :class:`~tether.errors.ThreadBusy` while another run of the
-        thread is not terminal. ``requester`` is the principal starting it: it may decide the
-        run's interrupts (unless four-eyes applies), and the server caps the runs of one
-        requester that are active at once (:meth:`~tether.store.Store.count_active_runs`).
+        ``attach`` says where the input goes (:class:`~tether.store.AtLeaf`, a new message after
+        the active leaf; :class:`~tether.store.Fork`, under another message; or
+        :class:`~tether.store.Regenerate`, the answer to a user message again).
+        :class:`~tether.errors.NotFound` if the thread does not exist or is not ``owner``'s;
+        :class:`~tether.errors.ThreadBusy` while another run of the thread is not terminal.
+        ``requester`` is the principal starting it: it may decide the run's interrupts (unless
+        four-eyes applies), and the server caps the runs of one requester that are active at
+        once (:meth:`~tether.store.Store.count_active_runs`).
         """
-        start = RunStart(content=content, parent_id=parent_id, use_active_leaf=use_active_leaf, config=config, owner=owner, requester=requester)
+        start = RunStart(attach=attach, config=config, owner=owner, requester=requester)
         return await self._start(thread_id, new_id("run"), start)
 
     async def start_followed_run(self, thread_id: str, **start: Unpack[RunStart]) -> tuple[RunRecord, RunFeed]:
@@ -264,9 +261,7 @@ class Runtime:
         config = start.get("config")
         created = await self.store.create_run(
             thread_id=thread_id,
-            content=start["content"],
-            parent_id=start.get("parent_id"),
-            use_active_leaf=start.get("use_active_leaf", True),
+            attach=start["attach"],
             config=(config or RunConfig()).model_dump(),
             owner=start.get("owner"),
             requested_by=start.get("requester"),

@@ -270,15 +270,8 @@ async def _start(access: Access, runtime: Runtime, body: AguiRunInput, props: Ag
     if pending:
         ids = [agui_interrupt_id(i.id, r.call_id) for i in pending for r in i.action_requests]
         raise Conflict("the thread waits for answers to its interrupts: send them as resume", code="interrupt_pending", details={"interrupts": ids})
-    plan = plan_run([m.model_dump(by_alias=True) for m in body.messages], await store.thread_messages(thread.id), thread.active_leaf_id)
-    run = await runtime.start_run(
-        thread.id,
-        content=plan.content,
-        parent_id=plan.parent_id,
-        use_active_leaf=plan.use_active_leaf,
-        config=props.config,
-        requester=actor,
-    )
+    attach = plan_run([m.model_dump(by_alias=True) for m in body.messages], await store.thread_messages(thread.id), thread.active_leaf_id)
+    run = await runtime.start_run(thread.id, attach=attach, config=props.config, requester=actor)
     return run, agui_messages(await store.path_to(thread.id, run.input_message_id))
 
 

@@ -63,22 +63,17 @@ async def create_run(request: Request, thread_id: str, body: CreateRun) -> Respo
                 retry_after_s=5.0,
                 details={"limit": limit},
             )
-        content = body.input.content if body.input is not None else None
-        at_leaf = "parent_id" not in body.model_fields_set
+        attach = body.attach()
         if not wants_event_stream(request):
             with incoming_trace_of(request):  # the caller's traceparent: the run's parent
-                run = await runtime.start_run(
-                    thread_id, content=content, parent_id=body.parent_id, use_active_leaf=at_leaf, config=body.config, requester=caller
-                )
+                run = await runtime.start_run(thread_id, attach=attach, config=body.config, requester=caller)
             return JSONResponse(run_view(run), status_code=202, headers=_started_headers(run.id))
         release = stream_slots_of(request).acquire(caller)
         try:
             # The stream follows the run from before it exists: it gets every event, and
             # begins without reading the store back.
             with incoming_trace_of(request):  # the caller's traceparent: the run's parent
-                run, feed = await runtime.start_followed_run(
-                    thread_id, content=content, parent_id=body.parent_id, use_active_leaf=at_leaf, config=body.config, requester=caller
-                )
+                run, feed = await runtime.start_followed_run(thread_id, attach=attach, config=body.config, requester=caller)
         except BaseException:
             release()
             raise

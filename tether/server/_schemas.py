@@ -10,8 +10,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic.alias_generators import to_camel
 
 from .. import review
+from ..errors import FieldError, InvalidRequest
 from ..runtime import RunConfig
-from ..store import MAX_TITLE_CHARS, clean_title
+from ..store import MAX_TITLE_CHARS, AtLeaf, Attach, Fork, Regenerate, clean_title
 
 __all__ = [
     "CreateThread",
@@ -149,6 +150,19 @@ class CreateRun(BaseModel):
     #: root (editing the first message). A user message and no ``input``: regenerate its answer.
     parent_id: Text | None = Field(default=None, max_length=64)
     config: RunConfig = Field(default_factory=RunConfig)
+
+    def attach(self) -> Attach:
+        """Where the run's input goes, as the core takes it (chosen here, once)."""
+        given_parent = "parent_id" in self.model_fields_set
+        if self.input is not None:
+            return Fork(content=self.input.content, parent_id=self.parent_id) if given_parent else AtLeaf(content=self.input.content)
+        if given_parent and self.parent_id is None:
+            raise InvalidRequest(
+                "a run without input regenerates an answer: parent_id must be a user message of this thread",
+                code="input_required",
+                fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
+            )
+        return Regenerate(message_id=self.parent_id)  # no parent_id: the active leaf's answer
 
 
 class RenameThread(BaseModel):

@@ -21,6 +21,10 @@ from ..events import CancelMode, FinishReason
 from ..review import DECISIONS, ActionRequest, Decision, ParkedTurn, ReviewConfig
 
 __all__ = [
+    "Attach",
+    "AtLeaf",
+    "Fork",
+    "Regenerate",
     "RunStatus",
     "ACTIVE_RUN_STATUSES",
     "TERMINAL_RUN_STATUSES",
@@ -106,6 +110,34 @@ class CancelRequest:
     def audit_entry(self, thread_id: str, run_id: str, *, outcome: str) -> AuditEntry:
         """The request's ``cancel`` audit entry; ``outcome`` is what it did to the run."""
         return AuditEntry("cancel", self.actor, thread_id, run_id, reason=self.reason, outcome=outcome, details={"mode": self.mode}, ts=self.requested_at)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AtLeaf:
+    """How a run attaches: a new user message after the thread's active leaf (the usual turn)."""
+
+    content: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fork:
+    """How a run attaches: a new user message as a child of ``parent_id`` (``None``: a new root,
+    an edit of the first message); a sibling branch when that is not the active leaf."""
+
+    content: str
+    parent_id: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Regenerate:
+    """How a run attaches: an answer to the existing user message ``message_id`` again (``None``:
+    the active leaf), a sibling of its earlier answers."""
+
+    message_id: str | None = None
+
+
+#: How a run's input attaches to its thread's message tree, chosen once at the edge.
+Attach = AtLeaf | Fork | Regenerate
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,13 @@ from ._events import EventStore
 from ._idempotency import record_created, records
 from ._records import (
     ACTIVE_RUN_STATUSES,
+    AtLeaf,
+    Attach,
     AuditEntry,
     CancelRequest,
+    Fork,
     MessageRecord,
+    Regenerate,
     RunRecord,
     RunStatus,
     TurnOutcome,
@@ -66,9 +70,7 @@ class RunStore(EventStore):
         self,
         *,
         thread_id: str,
-        content: str | None,
-        parent_id: str | None,
-        use_active_leaf: bool,
+        attach: Attach,
         config: dict[str, Any],
         owner: str | None = None,
         requested_by: str | None = None,
@@ -77,11 +79,11 @@ class RunStore(EventStore):
     ) -> CreatedRun:
         """Create a run (``queued``), its input and its ``run_started`` event, atomically.
 
-        With ``content``: a new user message, child of the active leaf (``use_active_leaf``) or
-        of ``parent_id`` (``None`` = a new root: editing the first message). A parent other than
-        the active leaf forks the thread. Without ``content`` the run *regenerates*: its input
-        is the existing user message ``parent_id`` and its answer becomes a sibling of the
-        earlier answers. The active leaf moves to the run's input either way.
+        ``attach`` says where its input goes: :class:`AtLeaf` (a new user message after the
+        active leaf), :class:`Fork` (a new user message under ``parent_id``, ``None`` a new root:
+        a parent other than the active leaf forks the thread) or :class:`Regenerate` (the input
+        is the existing user message, and its answer becomes a sibling of the earlier answers).
+        The active leaf moves to the run's input either way.
 
         With ``running`` (a process that executes the run at once: the server) the run is
         created already ``running``, and the same transaction writes what :meth:`mark_running`
@@ -95,11 +97,11 @@ class RunStore(EventStore):
         :class:`ThreadBusy` if it already has a non-terminal run (the partial unique index
         decides, so this holds across processes).
         """
-        if self._direct is not None and use_active_leaf and content is not None and not records("run"):
+        if self._direct is not None and isinstance(attach, AtLeaf) and not records("run"):
             # The usual start (a new message after the active leaf) on PostgreSQL: one statement.
             # Not under an Idempotency-Key: recording the run on the key needs a transaction.
             return await self._create_run_at_leaf_postgres(
-                thread_id=thread_id, content=content, config=config, owner=owner, requested_by=requested_by, running=running, run_id=run_id
+                thread_id=thread_id, content=attach.content, config=config, owner=owner, requested_by=requested_by, running=running, run_id=run_id
             )
         async with self._writing() as conn:
             now = utcnow()
@@ -107,36 +109,8 @@ class RunStore(EventStore):
             thread_row = (await conn.execute(Hot.thread_by_id, {"thread_id": thread_id})).first()
             if thread_row is None or (owner is not None and thread_row.owner != owner):
                 raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
-            if use_active_leaf:
-                parent_id = thread_row.active_leaf_id
-            parent = None
-            # A new message after the active leaf needs nothing of the leaf: the thread only
-            # ever points at its own messages. Any other parent is read and checked.
-            if parent_id is not None and not (use_active_leaf and content is not None):
-                row = (await conn.execute(Hot.message_by_id, {"message_id": parent_id})).first()
-                if row is None or row.thread_id != thread_id:
-                    raise InvalidRequest(
-                        f"parent_id {parent_id!r} is not a message of thread {thread_id!r}",
-                        code="invalid_parent",
-                        fields=[FieldError(("parent_id",), "not a message of this thread", "invalid_parent")],
-                    )
-                parent = message_record(row)
-                if content is not None and not use_active_leaf and await splits_a_tool_turn(conn, parent):
-                    raise InvalidRequest(
-                        f"parent_id {parent_id!r} is inside a tool turn: a message there would leave a tool call without its result",
-                        code="invalid_parent",
-                        fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
-                    )
-            if content is not None:
-                message = MessageRecord(new_id("msg"), thread_id, parent_id, run_id, "user", content, created_at=now)
-            elif parent is not None and parent.role == "user":
-                message = parent  # regenerate: the input is the existing user message
-            else:
-                raise InvalidRequest(
-                    "a run without input regenerates an answer: parent_id must be a user message of this thread",
-                    code="input_required",
-                    fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
-                )
+            message = await _input_of(conn, attach, thread_id, thread_row.active_leaf_id, run_id, now)
+            content = None if isinstance(attach, Regenerate) else attach.content
             lease = self._lease_values()
             status = RunStatus.RUNNING if running else RunStatus.QUEUED
             started_at = now if running else None
@@ -480,3 +454,48 @@ async def _add_usage(conn: Writing, run_id: str, message_id: str, input_tokens: 
     }
     await conn.execute(Hot.set_run_usage, {"run_id": run_id, "usage": usage})
     return usage
+
+
+def _invalid_parent(parent_id: str | None, thread_id: str, why: str = "not a message of this thread") -> InvalidRequest:
+    return InvalidRequest(
+        f"parent_id {parent_id!r} is not a message of thread {thread_id!r}" if why.startswith("not a message") else f"parent_id {parent_id!r} is {why}",
+        code="invalid_parent",
+        fields=[FieldError(("parent_id",), why, "invalid_parent")],
+    )
+
+
+async def _input_of(conn: Writing, attach: Attach, thread_id: str, active_leaf_id: str | None, run_id: str, now: datetime) -> MessageRecord:
+    """The run's input message: new (after the active leaf, or under a checked parent), or the
+    existing user message a regeneration answers again."""
+
+    async def message_in_thread(message_id: str | None) -> MessageRecord | None:
+        if message_id is None:
+            return None
+        row = (await conn.execute(Hot.message_by_id, {"message_id": message_id})).first()
+        if row is None or row.thread_id != thread_id:
+            raise _invalid_parent(message_id, thread_id)
+        return message_record(row)
+
+    match attach:
+        case AtLeaf(content=content):
+            # A new message after the active leaf needs nothing of the leaf: the thread only ever
+            # points at its own messages.
+            return MessageRecord(new_id("msg"), thread_id, active_leaf_id, run_id, "user", content, created_at=now)
+        case Fork(content=content, parent_id=parent_id):
+            parent = await message_in_thread(parent_id)
+            if parent is not None and await splits_a_tool_turn(conn, parent):
+                raise InvalidRequest(
+                    f"parent_id {parent_id!r} is inside a tool turn: a message there would leave a tool call without its result",
+                    code="invalid_parent",
+                    fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
+                )
+            return MessageRecord(new_id("msg"), thread_id, parent_id, run_id, "user", content, created_at=now)
+        case Regenerate(message_id=message_id):
+            answered = await message_in_thread(message_id if message_id is not None else active_leaf_id)
+            if answered is None or answered.role != "user":
+                raise InvalidRequest(
+                    "a run without input regenerates an answer: parent_id must be a user message of this thread",
+                    code="input_required",
+                    fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
+                )
+            return answered
