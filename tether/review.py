@@ -141,12 +141,14 @@ ToolStatus = Literal["ok", "error", "rejected", "expired", "responded", "cancell
 class ParkedCall(_Flags):
     """One call of a parked turn: its real arguments and, once settled, its one result."""
 
-    _optional: ClassVar[frozenset[str]] = frozenset({"result", "error", "reason", "decision", "outcome_unknown"})
+    _optional: ClassVar[frozenset[str]] = frozenset({"risk", "result", "error", "reason", "decision", "outcome_unknown"})
 
     id: str
     name: str
     #: The validated arguments (the model's raw arguments when they did not validate).
     args: Any = Field(default_factory=dict)
+    #: The call's tier, computed from its arguments (none for a call that did not validate).
+    risk: Risk | None = None
     gated: bool = False
     status: ToolStatus | None = None
     result: Any = None

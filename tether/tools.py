@@ -6,7 +6,11 @@ validated against that schema before anything else happens; invalid arguments be
 ``tool_result`` error fed back to the model, never a crash.
 
 Each tool carries a *risk tier*: ``read_only`` tools run at once, ``reversible`` and
-``destructive`` ones may be gated for human review. Arguments annotated with
+``destructive`` ones may be gated for human review. The tier may also be a function of a call's
+validated arguments (``risk=lambda args: "reversible" if args["amount"] <= 20 else
+"destructive"``, a :data:`RiskFn`), or a subclass may override :meth:`Tool.risk_for`: the gate,
+the ``tool_call`` event, the approval card and the audit then use the tier of that call, and a
+function that fails gates the call as ``destructive``. Arguments annotated with
 :class:`Sensitive` (``Annotated[str, Sensitive]``) are masked wherever they leave the tool:
 events, API responses, logs and the audit log. The tool itself receives the real value.
 """
@@ -14,7 +18,8 @@ events, API responses, logs and the audit log. The tool itself receives the real
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints, overload
 
@@ -22,9 +27,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from .errors import ToolArgsError
 
-__all__ = ["tool", "Tool", "ToolContext", "Sensitive", "Risk", "RiskSource", "Decision", "mask_value", "ToolArgsError"]
+__all__ = ["tool", "Tool", "ToolContext", "Sensitive", "Risk", "RiskFn", "RiskSource", "Decision", "mask_value", "ToolArgsError"]
+
+log = logging.getLogger("tether.tools")
 
 Risk = Literal["read_only", "reversible", "destructive"]
+#: A tier computed per call: given the call's validated arguments (by name), it returns the tier.
+RiskFn = Callable[[dict[str, Any]], Risk]
 Decision = Literal["approve", "reject", "edit", "respond"]
 #: Where a tool's tier came from (see :attr:`Tool.risk_source`).
 RiskSource = Literal["author", "annotation", "spec default", "untrusted server"]
@@ -64,7 +73,7 @@ class Tool:
         *,
         name: str | None = None,
         description: str | None = None,
-        risk: Risk = "read_only",
+        risk: Risk | RiskFn = "read_only",
         allowed_decisions: tuple[Decision, ...] | None = None,
         approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
         describe: str | None = None,
@@ -107,7 +116,7 @@ class Tool:
         *,
         name: str,
         description: str,
-        risk: Risk,
+        risk: Risk | RiskFn,
         allowed_decisions: tuple[Decision, ...] | None,
         approval_ttl_s: float,
         describe: str | None,
@@ -116,10 +125,16 @@ class Tool:
         risk_source: RiskSource = "author",
     ) -> None:
         """Set what every kind of tool has: its name, description, tier and review settings."""
+        #: The function that computes a call's tier, when the tier is per call (:meth:`risk_for`).
+        self.risk_fn: RiskFn | None = None
+        if callable(risk):
+            self.risk_fn, risk = risk, "destructive"
         if risk not in RISK_ORDER:
             raise ValueError(f"unknown risk tier {risk!r}")
         self.name = name
         self.description = description
+        #: The tool's tier; for a tool whose tier is per call, the tier of a call whose own tier
+        #: is not known (``destructive``).
         self.risk: Risk = risk
         #: Where the tier came from: the author's code (``author``), or for a tool of an MCP
         #: server its annotations (``annotation``), the spec's defaults for a tool without them
@@ -134,6 +149,28 @@ class Tool:
         self.allowed_decisions: tuple[Decision, ...] = tuple(allowed_decisions) if allowed_decisions is not None else ("approve", "reject", "edit")
 
     @property
+    def risk_per_call(self) -> bool:
+        """Whether the tier is computed for each call (:meth:`risk_for`) rather than fixed."""
+        return self.risk_fn is not None or type(self).risk_for is not Tool.risk_for
+
+    def risk_for(self, args: Mapping[str, Any]) -> Risk:
+        """The tier of one call with these validated arguments: the tool's :attr:`risk`, or what
+        its :data:`RiskFn` computes. A function that raises, or answers something that is no
+        tier, is logged and the call is ``destructive``: always gated. Subclasses may override
+        this (a method instead of a function)."""
+        if self.risk_fn is None:
+            return self.risk
+        try:
+            tier = self.risk_fn(dict(args))
+        except Exception:
+            log.exception("the risk function of tool %r failed; the call is treated as destructive", self.name)
+            return "destructive"
+        if tier not in RISK_ORDER:
+            log.error("the risk function of tool %r answered %r, which is no tier; the call is treated as destructive", self.name, tier)
+            return "destructive"
+        return tier
+
+    @property
     def origin(self) -> str | None:
         """Where the tool comes from when it is not the author's Python code (``mcp:<server>``)."""
         return None
@@ -144,6 +181,7 @@ class Tool:
             "name": self.name,
             "description": self.description,
             "risk": self.risk,
+            "risk_per_call": self.risk_per_call,
             "risk_source": self.risk_source,
             "source": self.origin or "python",
             "allowed_decisions": list(self.allowed_decisions),
@@ -213,7 +251,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    risk: Risk = "read_only",
+    risk: Risk | RiskFn = "read_only",
     allowed_decisions: tuple[Decision, ...] | list[Decision] | None = None,
     approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
     describe: str | None = None,
@@ -227,7 +265,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    risk: Risk = "read_only",
+    risk: Risk | RiskFn = "read_only",
     allowed_decisions: tuple[Decision, ...] | list[Decision] | None = None,
     approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
     describe: str | None = None,
@@ -236,8 +274,10 @@ def tool(
 ) -> Tool | Callable[[Callable[..., Awaitable[Any]]], Tool]:
     """Make a :class:`Tool` of an async function; usable bare (``@tool``) or with options.
 
-    ``four_eyes=True``: approving a call (or running it with edited args) needs a principal
-    other than the run's requester; the requester may still reject it.
+    ``risk`` is a tier, or a :data:`RiskFn` of the call's validated arguments that computes
+    each call's tier (``risk=lambda args: "reversible" if args["amount"] <= 20 else
+    "destructive"``). ``four_eyes=True``: approving a call (or running it with edited args)
+    needs a principal other than the run's requester; the requester may still reject it.
     """
 
     def wrap(f: Callable[..., Awaitable[Any]]) -> Tool:

@@ -1,5 +1,8 @@
 """The demo agent: a tiny shop with one tool of every risk tier, and a record of what it did.
 
+``transfer`` shows a tier computed per call: a transfer of at most 20 is ``reversible`` (the shop
+can take it back), a larger one ``destructive``.
+
 Every tool that changes something writes one row per real execution into the shop's own
 append-only table ``demo_effects`` (sensitive arguments masked). ``GET /v1/demo/effects`` lists
 them: it is how a person, and a test, sees what the agent actually did — counting executions,
@@ -29,9 +32,18 @@ from ..models import Model
 from ..models.scripted import ScriptedModel
 from ..server import principal_of
 from ..store import Store
-from ..tools import Sensitive, ToolContext, mask_value, tool
+from ..tools import Risk, Sensitive, ToolContext, mask_value, tool
 
-__all__ = ["build_demo_agent", "DemoShop", "demo_effects"]
+__all__ = ["build_demo_agent", "DemoShop", "demo_effects", "transfer_tier", "SMALL_TRANSFER"]
+
+#: The largest transfer the shop can take back (``reversible``); above it, ``destructive``.
+SMALL_TRANSFER = 20.0
+
+
+def transfer_tier(args: dict[str, Any]) -> Risk:
+    """The tier of one ``transfer``: reversible up to :data:`SMALL_TRANSFER`, else destructive."""
+    return "reversible" if args["amount"] <= SMALL_TRANSFER else "destructive"
+
 
 _metadata = sa.MetaData()
 demo_effects = sa.Table(
@@ -116,6 +128,12 @@ def build_demo_agent(model: Model | None = None) -> Agent:
         await shop.record(ctx, "refund", {"order_id": order_id, "amount": amount})
         return {"refund_id": "rf_" + ctx.call_id[-8:], "order_id": order_id, "amount": amount, "status": "issued"}
 
+    @tool(risk=transfer_tier, describe="Transfer {amount} to {to_account}")
+    async def transfer(to_account: str, amount: Annotated[float, Field(gt=0, le=100_000)], ctx: ToolContext) -> dict[str, Any]:
+        """Transfer money to an account (up to 20 the shop can take it back; more is irreversible)."""
+        await shop.record(ctx, "transfer", {"to_account": to_account, "amount": amount})
+        return {"transfer_id": "tr_" + ctx.call_id[-8:], "to_account": to_account, "amount": amount, "status": "sent"}
+
     @tool(risk="destructive", describe="Send an email to {to}: {subject}")
     async def send_email(to: str, subject: str, body: str, ctx: ToolContext) -> dict[str, Any]:
         """Send an email to a customer (irreversible)."""
@@ -164,7 +182,7 @@ def build_demo_agent(model: Model | None = None) -> Agent:
 
     return Agent(
         chosen,
-        [get_order, sleep, write_note, refund, send_email, charge_card, purge_cache, ask_user],
+        [get_order, sleep, write_note, refund, transfer, send_email, charge_card, purge_cache, ask_user],
         system_prompt="You are the assistant of a small online shop. Use the tools to help customers.",
         name="demo",
         on_startup=start,

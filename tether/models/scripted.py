@@ -31,6 +31,7 @@ scripted run).
 summarises them. Otherwise, on the last user message, case-insensitive:
 
 - ``refund 25 on order A100`` → ``refund(order_id="A100", amount=25)``
+- ``transfer 15 to alice`` → ``transfer(to_account="alice", amount=15)``
 - ``charge 4242424242424242 10`` → ``charge_card(card_number=…, amount=10)``
 - ``email bob@example.com <text>`` → ``send_email(to=…, subject="Message from Tether", body=<text>)``
 - ``note <text>`` → ``write_note(text=<text>)``
@@ -61,7 +62,7 @@ __all__ = ["ScriptedModel", "parse_script"]
 
 HELP_TEXT = (
     "I am the scripted demo model. Try: 'order A100', 'refund 25 on order A100', "
-    "'note remember the milk', 'email bob@example.com hello', 'charge 4242424242424242 10', "
+    "'transfer 15 to alice', 'note remember the milk', 'email bob@example.com hello', 'charge 4242424242424242 10', "
     "'sleep 3', 'ask what colour', 'call <tool> {\"arg\": 1}' for any tool, or 'long' for a long answer you can stop."
 )
 
@@ -172,6 +173,10 @@ class ScriptedModel:
         lower = text.lower()
         number = re.search(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])", text)
         order = re.search(r"order\s*#?\s*([A-Za-z0-9-]+)", text, re.I)
+        payee = re.search(r"\bto\s+([A-Za-z0-9_.@-]+)", text, re.I)
+        if re.search(r"\btransfer\b", lower) and "transfer" in tools:
+            amount = re.search(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])", text)
+            return {"name": "transfer", "args": {"to_account": payee.group(1) if payee else "savings", "amount": float(amount.group(1)) if amount else 10.0}}
         if "refund" in lower and "refund" in tools and order:
             rest = text.replace(order.group(0), " ")
             amount = re.search(r"(?<![\w.])(-?\d+(?:\.\d+)?)(?![\w.])", rest)

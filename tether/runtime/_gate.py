@@ -2,7 +2,8 @@
 
 Pure functions over tools and interrupt state; the runtime and the resume endpoint use them.
 
-A call is *gated* when its tool's risk is at or above the run's ``approval_threshold``
+A call is *gated* when its tier (the tool's, or the one the tool computes from the call's
+arguments: :meth:`~tether.tools.Tool.risk_for`) is at or above the run's ``approval_threshold``
 (``destructive`` always is), or when its tool cannot be approved at all, only answered
 (``ask_user``-style tools allow only ``respond``).
 
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import FieldError, Forbidden, InvalidRequest
 from ..review import ActionRequest, Approve, Decision, Edit, ReviewConfig
-from ..tools import RISK_ORDER, Tool, ToolArgsError, mask_value
+from ..tools import RISK_ORDER, Risk, Tool, ToolArgsError, mask_value
 
 if TYPE_CHECKING:  # _turn uses is_gated
     from ._turn import CallItem
@@ -31,22 +32,27 @@ __all__ = ["FourEyesPolicy", "is_gated", "needs_four_eyes", "action_request", "r
 FourEyesPolicy = Literal["off", "destructive"]
 
 
-def is_gated(tool: Tool, threshold: str) -> bool:
-    """True when a call of ``tool`` must wait for a human in a run with this threshold."""
+def is_gated(tool: Tool, threshold: str, risk: Risk | None = None) -> bool:
+    """True when a call of ``tool`` whose tier is ``risk`` (default: the tool's) must wait for a
+    human in a run with this threshold."""
     if "approve" not in tool.allowed_decisions:
         return True
-    return tool.risk != "read_only" and RISK_ORDER[tool.risk] >= RISK_ORDER[threshold]
+    tier = risk or tool.risk
+    return tier != "read_only" and RISK_ORDER[tier] >= RISK_ORDER[threshold]
 
 
-def needs_four_eyes(tool: Tool, policy: FourEyesPolicy) -> bool:
-    """True when approving a call of ``tool`` needs someone other than the run's requester."""
-    return tool.four_eyes or (policy == "destructive" and tool.risk == "destructive")
+def needs_four_eyes(tool: Tool, policy: FourEyesPolicy, risk: Risk | None = None) -> bool:
+    """True when approving a call of ``tool`` whose tier is ``risk`` (default: the tool's)
+    needs someone other than the run's requester."""
+    return tool.four_eyes or (policy == "destructive" and (risk or tool.risk) == "destructive")
 
 
-def action_request(tool: Tool, call_id: str, args: dict[str, Any], *, four_eyes: bool = False, outcome_unknown: bool = False) -> ActionRequest:
-    """What a reviewer is shown for one gated call (sensitive args masked); ``four_eyes`` when
-    its approval needs someone other than the requester; ``outcome_unknown`` when a crash cut
-    off an earlier execution of it."""
+def action_request(
+    tool: Tool, call_id: str, args: dict[str, Any], *, risk: Risk | None = None, four_eyes: bool = False, outcome_unknown: bool = False
+) -> ActionRequest:
+    """What a reviewer is shown for one gated call (sensitive args masked) whose tier is
+    ``risk`` (default: the tool's); ``four_eyes`` when its approval needs someone other than
+    the requester; ``outcome_unknown`` when a crash cut off an earlier execution of it."""
     description = tool.description_for(args)
     if outcome_unknown:
         description = "Outcome unknown — the server stopped while this ran. Run it again? " + description
@@ -56,7 +62,7 @@ def action_request(tool: Tool, call_id: str, args: dict[str, Any], *, four_eyes:
         action=tool.name,
         args=tool.mask(args),
         description=description,
-        risk=tool.risk,
+        risk=risk or tool.risk,
         source=tool.origin if mcp else None,
         risk_source=tool.risk_source if mcp else None,
         four_eyes=four_eyes,
@@ -129,7 +135,8 @@ def check_four_eyes(
 ) -> None:
     """Refuse (403 ``four_eyes_required``) a set of decisions in which the run's requester
     approves or edits a call that needs a second person. A call needs one if its action request
-    was marked so when it was parked, or if its tool or the policy says so now."""
+    was marked so when it was parked, or if its tool or the policy says so now (for the call's
+    tier, and for an edit also the tier of the edited arguments)."""
     if requester is None or decider != requester:
         return
     asked = {r.call_id: r for r in action_requests}
@@ -139,7 +146,10 @@ def check_four_eyes(
         request = asked.get(decision.call_id)
         name = request.action if request is not None else None
         tool = tools.get(name) if name is not None else None
-        if (request is not None and request.four_eyes) or (tool is not None and needs_four_eyes(tool, policy)):
+        tiers = [request.risk if request is not None else None]
+        if isinstance(decision, Edit) and tool is not None:
+            tiers.append(tool.risk_for(decision.args))
+        if (request is not None and request.four_eyes) or (tool is not None and any(needs_four_eyes(tool, policy, tier) for tier in tiers)):
             raise Forbidden(
                 f"{name} needs four eyes: someone other than {requester!r}, who started this run, must approve it (you may still reject it)",
                 code="four_eyes_required",

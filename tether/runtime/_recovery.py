@@ -23,12 +23,13 @@ equals their logged tokens and whose tool calls were all announced, and logged t
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..events import Done, Status
 from ..models import ChatMessage
 from ..review import Approve, Edit, Expired, Reject, Respond
 from ..store import MessageRecord, Store
+from ..tools import RISK_ORDER, Risk
 from ._end import Stop
 from ._turn import CallItem
 
@@ -156,6 +157,7 @@ class CheckpointRecovery:
             tool = seg.agent.tools.get(missed["name"])
             real = known.get(missed["id"])
             call = CallItem(missed["id"], missed["name"], real.args if real else missed["args"], decision=real.decision if real else None)
+            call.risk = (real.risk if real else None) or announced_tier(logged.announced.get(call.id))
             calls.append(call)
             args_known = real is not None or (tool is not None and not tool.sensitive_args)
             announced = logged.announced.get(call.id)
@@ -172,7 +174,7 @@ class CheckpointRecovery:
                 call.settle("error", error=f"unknown tool {call.name!r}")
             elif isinstance(call.decision, Reject | Respond | Expired):
                 call.apply_decision()  # decided, never run
-            elif tool.risk == "read_only" and args_known:
+            elif ((call.risk if tool.risk_per_call else None) or tool.risk) == "read_only" and args_known:
                 to_run.append(call)
                 continue
             elif args_known:
@@ -189,3 +191,9 @@ class CheckpointRecovery:
             return True
         await self._tools.settle(calls)
         return False
+
+
+def announced_tier(announced: dict[str, Any] | None) -> Risk | None:
+    """The tier a call's ``tool_call`` event gave it (computed then from its arguments)."""
+    tier = (announced or {}).get("risk")
+    return cast("Risk", tier) if tier in RISK_ORDER else None

@@ -11,6 +11,7 @@ result per call in the model's order, and the run goes on.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,8 +20,9 @@ import anyio
 from .._ids import new_id, utcnow
 from ..events import Interrupt, Status, format_ts
 from ..models import ChatMessage
+from ..review import Edit
 from ..store import AuditEntry, InterruptRecord, args_digest
-from ..tools import Tool, ToolContext
+from ..tools import Tool, ToolArgsError, ToolContext
 from ._end import Stop
 from ._gate import FourEyesPolicy, action_request, needs_four_eyes, review_config
 from ._storable import describe_exception
@@ -71,23 +73,25 @@ class ToolCalls:
                 for call in calls:
                     tg.start_soon(self._run_tool, call)
         if audited:
-            await seg.store.add_audit(
-                [
-                    AuditEntry(
-                        "tool_executed",
-                        # Executed on the word of whoever approved it.
-                        (self._resume.resolved_by if self._resume else None) or "system",
-                        seg.run.thread_id,
-                        seg.run.id,
-                        self._resume.id if self._resume else None,
-                        c.id,
-                        c.name,
-                        args_digest(_masked(seg.agent.tools.get(c.name), c.args)),
-                        outcome=c.status or "cancelled",
-                    )
-                    for c in calls
-                ]
-            )
+            # Executed on the word of whoever approved it.
+            actor = (self._resume.resolved_by if self._resume else None) or "system"
+            await seg.store.add_audit([self._executed(c, actor) for c in calls])
+
+    def _executed(self, call: CallItem, actor: str) -> AuditEntry:
+        """The ``tool_executed`` entry of a call that ran on ``actor``'s word (its tier in ``details``)."""
+        seg = self._segment
+        return AuditEntry(
+            action="tool_executed",
+            actor=actor,
+            thread_id=seg.run.thread_id,
+            run_id=seg.run.id,
+            interrupt_id=self._resume.id if self._resume else None,
+            call_id=call.id,
+            tool=call.name,
+            args_digest=args_digest(_masked(seg.agent.tools.get(call.name), call.args)),
+            outcome=call.status or "cancelled",
+            details={"risk": call.risk} if call.risk else None,
+        )
 
     async def _run_tool(self, call: CallItem) -> None:
         seg = self._segment
@@ -121,7 +125,7 @@ class ToolCalls:
         expires = now + timedelta(seconds=ttl)
         interrupt_id = new_id("int")
         requests = [
-            action_request(t, c.id, c.args, four_eyes=needs_four_eyes(t, self._four_eyes), outcome_unknown=c.outcome_unknown)
+            action_request(t, c.id, c.args, risk=c.risk, four_eyes=needs_four_eyes(t, self._four_eyes, c.risk), outcome_unknown=c.outcome_unknown)
             for t, c in zip(tools, gated, strict=True)
         ]
         configs = [review_config(t) for t in tools]
@@ -168,9 +172,15 @@ class ToolCalls:
         seg = self._segment
         turn = TurnCalls.from_parked(interrupt.turn)
         seg.leaf_id = turn.assistant_message_id
+        asked = {r.call_id: r.risk for r in interrupt.action_requests}
         to_run: list[CallItem] = []
         for call in turn.undecided:
+            call.risk = call.risk or asked.get(call.id)  # a turn parked before calls kept their tier
             if call.apply_decision():
+                tool = seg.agent.tools.get(call.name)
+                if isinstance(call.decision, Edit) and tool is not None:
+                    with contextlib.suppress(ToolArgsError):  # then running it reports the error
+                        call.risk = tool.risk_for(tool.validate(call.args))  # the tier of what runs
                 to_run.append(call)
             else:
                 seg.events.emit(call.result_event())

@@ -23,7 +23,7 @@ from ..events import RunError, ToolCall, ToolResult
 from ..models import FinishReason, ToolCallRequest
 from ..review import Approve, Decision, Edit, ParkedCall, ParkedTurn, Reject, Respond, ToolStatus
 from ..store import MessageRecord
-from ..tools import Tool, ToolArgsError
+from ..tools import Risk, Tool, ToolArgsError
 from ._gate import is_gated
 from ._storable import storable_json, storable_text
 
@@ -32,6 +32,8 @@ __all__ = [
     "ModelTurn",
     "TurnCalls",
     "announce_calls",
+    "announcements",
+    "gate_calls",
     "json_safe",
     "masked_args",
     "model_view",
@@ -96,6 +98,8 @@ class CallItem:
     args: Any
     #: True when it waits for a human decision.
     gated: bool = False
+    #: The call's tier, computed from its validated arguments (None when they did not validate).
+    risk: Risk | None = None
     #: None until settled.
     status: ToolStatus | None = None
     result: Any = None
@@ -164,6 +168,7 @@ class CallItem:
             id=self.id,
             name=self.name,
             args=self.args,
+            risk=self.risk,
             gated=self.gated,
             status=self.status,
             result=self.result,
@@ -181,6 +186,7 @@ class CallItem:
             name=call.name,
             args=call.args,
             gated=call.gated,
+            risk=call.risk,
             status=call.status,
             result=call.result,
             error=call.error,
@@ -278,11 +284,11 @@ def parse_args(raw: str) -> Any:
         return raw
 
 
-def announce_calls(tools: Mapping[str, Tool], threshold: str, message_id: str, requests: list[ToolCallRequest]) -> tuple[list[CallItem], list[ToolCall]]:
-    """Validate every call of a turn (an unknown tool or invalid args settle it as ``error``, for
-    the model to read) and build the ``tool_call`` event announcing each, args masked."""
+def gate_calls(tools: Mapping[str, Tool], threshold: str, requests: list[ToolCallRequest]) -> list[CallItem]:
+    """Validate every call of a turn and decide which wait for a human: an unknown tool or
+    invalid args settle the call as ``error`` (for the model to read); a valid call gets its tier
+    (computed from its arguments when the tool says so) and whether the run's threshold gates it."""
     calls: list[CallItem] = []
-    announcements: list[ToolCall] = []
     for request in requests:
         tool = tools.get(request.name)
         call = CallItem(request.id, request.name, request.args)
@@ -290,20 +296,38 @@ def announce_calls(tools: Mapping[str, Tool], threshold: str, message_id: str, r
             call.settle("error", error=f"unknown tool {request.name!r}; available: {', '.join(tools) or 'none'}")
         else:
             try:
-                call.args = json_safe(tool.validate(request.args if isinstance(request.args, dict) else parse_args(request.args)))
-                call.gated = is_gated(tool, threshold)
+                validated = tool.validate(request.args if isinstance(request.args, dict) else parse_args(request.args))
             except ToolArgsError as exc:
                 call.settle("error", error=str(exc))
+            else:
+                call.args = json_safe(validated)
+                call.risk = tool.risk_for(validated)
+                call.gated = is_gated(tool, threshold, call.risk)
         calls.append(call)
+    return calls
+
+
+def announcements(tools: Mapping[str, Tool], message_id: str, requests: list[ToolCallRequest], calls: list[CallItem]) -> list[ToolCall]:
+    """The ``tool_call`` event announcing each call of :func:`gate_calls`, args masked."""
+    events: list[ToolCall] = []
+    for request, call in zip(requests, calls, strict=True):
+        tool = tools.get(request.name)
         shown = masked_args(tool, request.args)
-        announcements.append(
+        events.append(
             ToolCall(
                 call_id=request.id,
                 name=request.name,
                 args=json_safe(shown) if isinstance(shown, dict) else {"_raw": shown},
-                risk=tool.risk if tool else "read_only",
+                risk=call.risk or (tool.risk if tool else "read_only"),
                 gated=call.gated,
                 message_id=message_id,
             )
         )
-    return calls, announcements
+    return events
+
+
+def announce_calls(tools: Mapping[str, Tool], threshold: str, message_id: str, requests: list[ToolCallRequest]) -> tuple[list[CallItem], list[ToolCall]]:
+    """:func:`gate_calls`, then :func:`announcements`: a turn's calls validated, gated, each with
+    its ``tool_call`` event."""
+    calls = gate_calls(tools, threshold, requests)
+    return calls, announcements(tools, message_id, requests, calls)
