@@ -43,6 +43,7 @@ from tether.store import (
     InterruptRecord,
     MessageRecord,
     Regenerate,
+    RunFailure,
     RunRecord,
     Store,
     StoredEvent,
@@ -519,7 +520,7 @@ async def test_finish_run_appends_events_before_then_the_final_event_with_the_st
     assert await store.mark_running(run.id)
     before = [stored(run.id, 2, Token(message_id="m", text="a")), stored(run.id, 3, Token(message_id="m", text="b"))]
     final = stored(run.id, 4, RunError(code="model_error", message="boom"))
-    error = {"code": "model_error", "message": "boom", "retryable": False}
+    error = RunFailure(code="model_error", message="boom")
     assert await store.finish_run(run.id, status="failed", final_event=final, from_statuses=("running",), error=error, events_before=before)
     assert await store.read_events(run.id, after_seq=1) == [*before, final]
     done = await store.get_run(run.id)
@@ -547,7 +548,7 @@ async def test_finish_run_stores_the_last_turn_with_the_end_or_not_at_all(store:
     stored_answer = await store.get_message(answer.id)
     assert (stored_answer.content, stored_answer.status) == ("half an ans", "cancelled")
     usage = (await store.get_run(run.id)).usage
-    assert usage is not None and (usage["input_tokens"], usage["output_tokens"]) == (7, 3)
+    assert usage is not None and (usage.input_tokens, usage.output_tokens) == (7, 3)
 
 
 async def test_an_executor_ends_a_running_run_with_the_cancel_request_in_one_write_or_not_at_all(store: Store) -> None:
@@ -1181,14 +1182,18 @@ async def test_json_columns_round_trip_nested_values_identically(store: Store) -
         audit_entries=[AuditEntry("decision", "bob", details=NESTED)],
     )
     assert await store.finish_run(
-        run.id, status="failed", final_event=stored(run.id, 4, RunError(code="x", message="y")), from_statuses=("running",), error={"error": NESTED}
+        run.id,
+        status="failed",
+        final_event=stored(run.id, 4, RunError(code="x", message="y")),
+        from_statuses=("running",),
+        error=RunFailure(code="x", message=json.dumps(NESTED, ensure_ascii=False)),
     )
 
     interrupt = await store.get_interrupt(record.id)
     values = {
         "metadata": ((await store.get_thread(thread.id)).metadata, NESTED),
         "config": ((await store.get_run(run.id)).config, {"config": NESTED}),
-        "error": ((await store.get_run(run.id)).error, {"error": NESTED}),
+        "error": ((await store.get_run(run.id)).error.message, json.dumps(NESTED, ensure_ascii=False)),  # type: ignore[union-attr]
         "tool_calls": ((await store.get_message(assistant.id)).tool_calls, [{"id": "c", "name": "t", "args": NESTED}]),
         "action_requests": (interrupt.action_requests[0].args, NESTED),
         "turn": (interrupt.turn.calls[0].args, NESTED),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..errors import EventLogFailed
 from ..events import Done, RunError
+from ..store import RunFailure
 
 if TYPE_CHECKING:
     from ._segment import Segment
@@ -98,7 +99,7 @@ class RunEnd:
         if outcome is not Stop.CANCELLED:
             status = "completed" if isinstance(outcome, Done) else "failed"
             final = events.seal(outcome)
-            error = {"code": outcome.code, "message": outcome.message} if isinstance(outcome, RunError) else None
+            error = RunFailure(code=outcome.code, message=outcome.message) if isinstance(outcome, RunError) else None
             if await seg.store.finish_run(
                 seg.run.id, status=status, final_event=final, from_statuses=("running",), error=error, last_turn=seg.answer_turn, as_executor=True
             ):

@@ -54,7 +54,7 @@ class Segment:
         #: resume may start the next one even before this task has finished closing.
         self.parked = False
         #: Tokens consumed by the run so far (earlier segments included), for ``done``.
-        self.usage = Usage(int((run.usage or {}).get("input_tokens", 0)), int((run.usage or {}).get("output_tokens", 0)))
+        self.usage = Usage(run.usage.input_tokens, run.usage.output_tokens) if run.usage is not None else Usage()
 
     @property
     def events(self) -> EventLog:

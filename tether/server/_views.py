@@ -14,7 +14,7 @@ from typing import Any
 
 from .._ids import utcnow
 from ..events import format_ts
-from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, RunStatus, Store, ThreadRecord
+from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, RunStatus, RunUsage, Store, ThreadRecord
 
 __all__ = [
     "thread_view",
@@ -57,7 +57,7 @@ def run_view(run: RunRecord, *, pending_interrupt: dict[str, Any] | None = None)
         "created_at": _ts(run.created_at),
         "started_at": _ts(run.started_at),
         "ended_at": _ts(run.ended_at),
-        "error": run.error,
+        "error": run.error.to_json() if run.error is not None else None,
         "requested_by": run.requested_by,
         "usage": run_usage_view(run.usage),
         "cancel": ({"mode": run.cancel_mode, "reason": run.cancel_reason, "actor": run.cancel_actor} if run.cancel_mode else None),
@@ -65,14 +65,9 @@ def run_view(run: RunRecord, *, pending_interrupt: dict[str, Any] | None = None)
     }
 
 
-def run_usage_view(usage: dict[str, Any] | None) -> dict[str, Any]:
+def run_usage_view(usage: RunUsage | None) -> dict[str, Any]:
     """A run's token usage: totals, and the model calls that made them (zeros before the first)."""
-    usage = usage or {}
-    return {
-        "input_tokens": int(usage.get("input_tokens", 0)),
-        "output_tokens": int(usage.get("output_tokens", 0)),
-        "calls": list(usage.get("calls", [])),
-    }
+    return (usage or RunUsage()).to_json()
 
 
 def message_view(message: MessageRecord, *, sibling_ids: Sequence[str] | None = None) -> dict[str, Any]:

@@ -31,6 +31,9 @@ __all__ = [
     "EXECUTOR_RUN_STATUSES",
     "ThreadRecord",
     "RunRecord",
+    "RunUsage",
+    "CallUsage",
+    "RunFailure",
     "MessageRecord",
     "InterruptRecord",
     "AuditEntry",
@@ -153,6 +156,66 @@ class ThreadRecord:
     title: str | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallUsage:
+    """The tokens one model call of a run consumed."""
+
+    message_id: str
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunUsage:
+    """The tokens a run's model calls consumed: totals, and one entry per call."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    calls: tuple[CallUsage, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunUsage | None:
+        """The ``runs.usage`` column's JSON as a record (None when there is none)."""
+        if not isinstance(data, dict):
+            return None
+        calls = tuple(
+            CallUsage(message_id=str(c["message_id"]), input_tokens=int(c.get("input_tokens", 0)), output_tokens=int(c.get("output_tokens", 0)))
+            for c in data.get("calls", [])
+        )
+        return cls(input_tokens=int(data.get("input_tokens", 0)), output_tokens=int(data.get("output_tokens", 0)), calls=calls)
+
+    def add(self, call: CallUsage) -> RunUsage:
+        """These totals with one more call."""
+        return RunUsage(input_tokens=self.input_tokens + call.input_tokens, output_tokens=self.output_tokens + call.output_tokens, calls=(*self.calls, call))
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"input_tokens", "output_tokens", "calls": [{"message_id", "input_tokens", "output_tokens"}, …]}``."""
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "calls": [{"message_id": c.message_id, "input_tokens": c.input_tokens, "output_tokens": c.output_tokens} for c in self.calls],
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFailure:
+    """Why a run failed: its ``error`` event's ``code`` and ``message``."""
+
+    code: str
+    message: str
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunFailure | None:
+        """The ``runs.error`` column's JSON as a record (None when there is none)."""
+        if not isinstance(data, dict):
+            return None
+        return cls(code=str(data.get("code") or ""), message=str(data.get("message") or ""))
+
+    def to_json(self) -> dict[str, str]:
+        """``{"code", "message"}``."""
+        return {"code": self.code, "message": self.message}
+
+
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     """A run row."""
@@ -165,7 +228,8 @@ class RunRecord:
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
-    error: dict[str, Any] | None
+    #: Why it failed (``failed`` runs).
+    error: RunFailure | None
     cancel_mode: CancelMode | None
     cancel_reason: str | None
     cancel_actor: str | None
@@ -174,8 +238,8 @@ class RunRecord:
     lease_expires_at: datetime | None = None
     #: The principal who started the run (None for runs from before identity existed).
     requested_by: str | None = None
-    #: Tokens consumed: ``{"input_tokens", "output_tokens", "calls": [{"message_id", "input_tokens", "output_tokens"}, …]}``.
-    usage: dict[str, Any] | None = None
+    #: Tokens its model calls consumed (None before the first).
+    usage: RunUsage | None = None
     #: The W3C ``traceparent`` the run's spans continue (None until tracing gave it one).
     trace_context: str | None = None
 
@@ -362,14 +426,14 @@ def run_record(row: Any) -> RunRecord:
         created_at=as_utc(row.created_at),
         started_at=as_utc(row.started_at),
         ended_at=as_utc(row.ended_at),
-        error=row.error,
+        error=RunFailure.from_json(row.error),
         cancel_mode=cancel_mode_of(row.cancel_mode),
         cancel_reason=row.cancel_reason,
         cancel_actor=row.cancel_actor,
         executor_id=row.executor_id,
         lease_expires_at=row.lease_expires_at,
         requested_by=row.requested_by,
-        usage=row.usage,
+        usage=RunUsage.from_json(row.usage),
         trace_context=row.trace_context,
     )
 

@@ -29,12 +29,15 @@ from ._records import (
     AtLeaf,
     Attach,
     AuditEntry,
+    CallUsage,
     CancelRequest,
     Fork,
     MessageRecord,
     Regenerate,
+    RunFailure,
     RunRecord,
     RunStatus,
+    RunUsage,
     TurnOutcome,
     message_record,
     message_values,
@@ -261,7 +264,7 @@ class RunStore(EventStore):
                 await append_message(conn, message)
         return True
 
-    async def add_usage(self, run_id: str, *, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    async def add_usage(self, run_id: str, *, message_id: str, input_tokens: int, output_tokens: int) -> RunUsage:
         """Add one model call's token counts to the run's usage; returns the new usage."""
         async with self._writing() as conn:
             return await _add_usage(conn, run_id, message_id, input_tokens, output_tokens)
@@ -328,7 +331,7 @@ class RunStore(EventStore):
         status: str,
         final_event: StoredEvent,
         from_statuses: Sequence[str],
-        error: dict[str, Any] | None = None,
+        error: RunFailure | None = None,
         events_before: Sequence[StoredEvent] = (),
         audit_entries: Sequence[AuditEntry] = (),
         last_turn: TurnOutcome | None = None,
@@ -350,7 +353,7 @@ class RunStore(EventStore):
         stalled past its lease) cannot end it.
         """
         now = utcnow()
-        values = {"run_id": run_id, **_from_statuses(from_statuses), "status": str(status), "now": now, "error": error}
+        values = {"run_id": run_id, **_from_statuses(from_statuses), "status": str(status), "now": now, "error": error.to_json() if error else None}
         async with self._writing() as conn:
             if as_executor and cancel is not None:
                 request = {"cancel_mode_value": cancel.mode, "cancel_reason_value": cancel.reason, "cancel_actor_value": cancel.actor}
@@ -442,17 +445,12 @@ async def _write_turn(conn: Writing, run_id: str, turn: TurnOutcome) -> None:
     await _add_usage(conn, run_id, turn.message_id, turn.input_tokens, turn.output_tokens)
 
 
-async def _add_usage(conn: Writing, run_id: str, message_id: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+async def _add_usage(conn: Writing, run_id: str, message_id: str, input_tokens: int, output_tokens: int) -> RunUsage:
     """Add one model call's tokens to the run's usage, in the caller's transaction. Only the
     run's executor writes it, one call at a time, so a read-modify-write is enough."""
-    current = (await conn.execute(Hot.run_usage, {"run_id": run_id})).scalar_one_or_none() or {}
-    calls = [*current.get("calls", []), {"message_id": message_id, "input_tokens": input_tokens, "output_tokens": output_tokens}]
-    usage = {
-        "input_tokens": int(current.get("input_tokens", 0)) + input_tokens,
-        "output_tokens": int(current.get("output_tokens", 0)) + output_tokens,
-        "calls": calls,
-    }
-    await conn.execute(Hot.set_run_usage, {"run_id": run_id, "usage": usage})
+    current = RunUsage.from_json((await conn.execute(Hot.run_usage, {"run_id": run_id})).scalar_one_or_none()) or RunUsage()
+    usage = current.add(CallUsage(message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens))
+    await conn.execute(Hot.set_run_usage, {"run_id": run_id, "usage": usage.to_json()})
     return usage
 
 

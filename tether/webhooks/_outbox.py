@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from .._ids import new_id, utcnow
 from ..events import format_ts
 from ..review import Decision, Reject
+from ..store._records import RunFailure
 from ..store._tables import runs
 from ._config import WebhookSettings
 from ._tables import webhook_outbox
@@ -120,8 +121,9 @@ class Outbox:
             return
         thread_id, requested_by, error = await self._requester(conn, run_id)
         data: dict[str, Any] = {"run_id": run_id, "thread_id": thread_id, "requested_by": requested_by, "status": str(status), "url": self._link(thread_id)}
-        if event_type == "run.failed" and isinstance(error, dict):
-            data["error"] = {"code": error.get("code"), "message": error.get("message")}
+        failure = RunFailure.from_json(error)
+        if event_type == "run.failed" and failure is not None:
+            data["error"] = failure.to_json()
         await self._insert(conn, event_type, thread_id, data)
 
 
