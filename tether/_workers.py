@@ -102,12 +102,16 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _listening(held: socket.socket) -> socket.socket:
-    """A worker's listening socket: its own on the supervisor's address, or the shared one."""
+    """A worker's socket: its own on the supervisor's address, or the shared one.
+
+    Its own is bound but not listening yet: uvicorn listens on it once the application has
+    started. The kernel hands new connections only to listening sockets, so a worker that
+    fails to start (a restart in a crash loop) never takes connections it would then reset.
+    """
     if not REUSE_PORT:
         return held
     host, port = held.getsockname()[:2]
     sock = _socket(host, port)
-    sock.listen(2048)
     held.close()  # the worker's copy of the supervisor's socket
     return sock
 
