@@ -120,7 +120,8 @@ class World:
     thread_a: str
     run_a: str  # completed
     answer_a: str  # the assistant message of run_a
-    interrupt_a: str  # pending, on a second run of thread A
+    interrupt_a: str  # pending, on a third run of thread A
+    allowance_a: str  # a standing approval given on a second run of thread A
     thread_b: str
     run_b: str
     markers_a: set[str] = field(default_factory=set)
@@ -131,12 +132,21 @@ async def build_world(http: httpx.AsyncClient, keys: Keys) -> World:
     thread_a, run_a = await start(http, keys.alice, script({"text": "alice-secret-answer"}))
     await wait_for_status(http, run_a["id"], keys.alice, "completed")
     answer_a = (await http.get(f"/v1/threads/{thread_a}", headers=bearer(keys.alice))).json()["active_leaf_id"]
+    _, allowing = await start(http, keys.alice, REFUND.replace("A1", "alice-secret-allowed"), thread_a)
+    asked = (await wait_for_status(http, allowing["id"], keys.alice, "waiting_human"))["pending_interrupt"]
+    allow = {"scope": "thread", "args": "same", "ttl_s": 3600}
+    decided = await http.post(
+        f"/v1/threads/{thread_a}/resume", json={"interrupt_id": asked["id"], "decisions": [{"decision": "approve", "allow": allow}]}, headers=bearer(keys.alice)
+    )
+    assert decided.status_code == 200, decided.text
+    await wait_for_status(http, allowing["id"], keys.alice, "completed")
+    [allowance] = (await http.get(f"/v1/threads/{thread_a}/allowances", headers=bearer(keys.alice))).json()["items"]
     _, waiting = await start(http, keys.alice, REFUND.replace("A1", "alice-secret-order"), thread_a)
     interrupt = (await wait_for_status(http, waiting["id"], keys.alice, "waiting_human"))["pending_interrupt"]
     thread_b, run_b = await start(http, keys.bob, script({"text": "bob-secret-answer"}))
     await wait_for_status(http, run_b["id"], keys.bob, "completed")
-    world = World(thread_a, run_a["id"], answer_a, interrupt["id"], thread_b, run_b["id"])
-    world.markers_a = {thread_a, run_a["id"], answer_a, waiting["id"], interrupt["id"], "alice-secret"}
+    world = World(thread_a, run_a["id"], answer_a, interrupt["id"], allowance["id"], thread_b, run_b["id"])
+    world.markers_a = {thread_a, run_a["id"], answer_a, allowing["id"], asked["id"], allowance["id"], waiting["id"], interrupt["id"], "alice-secret"}
     b_messages = (await http.get(f"/v1/threads/{thread_b}/messages", headers=bearer(keys.bob))).json()["items"]
     world.markers_b = {thread_b, run_b["id"], "bob-secret", *(m["id"] for m in b_messages)}
     return world
@@ -167,6 +177,7 @@ def everyone(expect: Expect = OK, **options: Any) -> Case:
 
 NOT_THREAD, NOT_RUN, NOT_MESSAGE = (404, "thread_not_found"), (404, "run_not_found"), (404, "message_not_found")
 NOT_DELIVERY = (404, "delivery_not_found")
+NOT_ALLOWANCE = (404, "allowance_not_found")
 NOT_ENDPOINT = (404, "endpoint_not_found")
 READ_ONLY = (403, "not_the_owner")
 ADMIN_ONLY = (403, "role_required")
@@ -194,6 +205,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/runs/{run_id}/cancel"): Case(OK, NOT_RUN, READ_ONLY, body=lambda w: {"mode": "soft"}),
     ("PATCH", "/v1/messages/{message_id}"): Case(OK, NOT_MESSAGE, READ_ONLY, body=lambda w: {"content": "edited"}),
     ("GET", "/v1/audit"): Case(OK, NOT_THREAD, OK, params={"thread_id": "{thread_id}"}),
+    ("GET", "/v1/threads/{thread_id}/allowances"): Case(OK, NOT_THREAD, OK),
+    # Whoever may decide the thread's interrupts may revoke (a second revoke is 204 too).
+    ("DELETE", "/v1/allowances/{allowance_id}"): Case(OK, NOT_ALLOWANCE, OK),
     ("GET", "/v1/interrupts"): everyone(),
     ("GET", "/v1/demo/effects"): Case(ADMIN_ONLY, ADMIN_ONLY, ADMIN_ONLY),
     ("GET", "/metrics"): Case(ADMIN_ONLY, ADMIN_ONLY, ADMIN_ONLY),
@@ -251,6 +265,7 @@ def fill(template: str, world: World) -> str:
         "message_id": world.answer_a,
         "delivery_id": "msg_no_such_delivery",
         "endpoint_id": "ep_no_such_endpoint",
+        "allowance_id": world.allowance_a,
     }
     return re.sub(r"\{(\w+)\}", lambda m: ids[m.group(1)], template)
 

@@ -213,7 +213,8 @@ async def test_a_refund_waits_for_approval_and_executes_once_after_it(client: As
     assert request["call_id"] == call["call_id"] and request["action"] == "refund"
     assert request["args"] == {"order_id": "A1", "amount": 5}
     assert request["description"] == "Refund 5 on order A1"
-    assert interrupt["review_configs"] == [{"allowed_decisions": ["approve", "reject", "edit"]}]
+    # allow_args: an approval may also allow this call with the same arguments for a while.
+    assert interrupt["review_configs"] == [{"allowed_decisions": ["approve", "reject", "edit"], "allow_args": ["same"]}]
     assert interrupt["expires_at"] == event["expires_at"]
     await assert_still_pending(client, interrupt)
     await asyncio.sleep(0.2)

@@ -78,6 +78,7 @@ _LIMIT_OPTIONS = {
     "max_streams": ("--max-streams", "Open event streams in this process (503 beyond)."),
     "max_queued_messages": ("--max-queued-messages", "Steering messages a run holds for its next model call (429 beyond)."),
     "stream_buffer_bytes": ("--stream-buffer-bytes", "Bytes of events a slow stream may have waiting before it is cut (it resumes)."),
+    "max_allowance_ttl_s": ("--max-allowance-ttl", "Longest standing approval (an approve's allow) in seconds (422 beyond)."),
 }
 
 #: Connections uvicorn serves at once before answering 503 (event streams are connections too).

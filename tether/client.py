@@ -97,6 +97,13 @@ class AsyncClient:
         body: dict[str, Any] = response.json()
         return body
 
+    async def _no_content(self, method: str, url: str) -> None:
+        try:
+            response = await self._http.request(method, url)
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"{method} {url}: cannot reach {self._http.base_url}: {exc!r}") from exc
+        _raise_for(response)
+
     async def _items(self, url: str, **kwargs: Any) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = (await self._json("GET", url, **kwargs))["items"]
         return items
@@ -289,9 +296,11 @@ class AsyncClient:
         count = len(interrupt["action_requests"])
         return await self.resume(interrupt["thread_id"], interrupt["id"], [decision] * count)
 
-    async def approve(self, interrupt: dict[str, Any]) -> dict[str, Any]:
-        """Approve every action of ``interrupt`` (as returned by :meth:`wait_for_interrupt`)."""
-        return await self._resume_all(interrupt, {"decision": "approve"})
+    async def approve(self, interrupt: dict[str, Any], *, allow: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Approve every action of ``interrupt`` (as returned by :meth:`wait_for_interrupt`);
+        with ``allow`` (``{"scope": "run" | "thread", "args": "same" | "any", "ttl_s": N}``),
+        each approval also gives that standing approval."""
+        return await self._resume_all(interrupt, {"decision": "approve", **({"allow": allow} if allow is not None else {})})
 
     async def reject(self, interrupt: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
         """Reject every action of ``interrupt``; the reason goes back to the model."""
@@ -316,6 +325,14 @@ class AsyncClient:
             body["reason"] = reason
         items: list[dict[str, Any]] = (await self._json("POST", "/v1/interrupts/decide", json=body))["items"]
         return items
+
+    async def allowances(self, thread_id: str) -> list[dict[str, Any]]:
+        """The thread's standing approvals: active first, then past ones."""
+        return await self._items(f"/v1/threads/{thread_id}/allowances")
+
+    async def revoke_allowance(self, allowance_id: str) -> None:
+        """Revoke a standing approval (the next call it would have covered asks again)."""
+        await self._no_content("DELETE", f"/v1/allowances/{allowance_id}")
 
     async def audit(self, *, thread_id: str | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
         """Audit entries of a thread or run (an admin may give neither: every entry)."""

@@ -93,6 +93,8 @@ class ToolCall(Event):
     gated: bool
     #: The assistant message (model turn) that asked for the call.
     message_id: str | None = None
+    #: The standing approval (allowance) under which the call runs without asking; present only then.
+    allowed_by: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ToolResult(Event):

@@ -11,6 +11,8 @@ after; their JSON is the documented wire shape, byte for byte (optional flags su
 - :data:`Decision`: a sum of :class:`Approve`, :class:`Reject` (a reason), :class:`Edit` (new
   arguments) and :class:`Respond` (a message instead of running the tool), told apart by their
   ``decision`` literal; :class:`Expired` stands in for a decision when the window closed first.
+  An approval may carry :class:`Allow`: a standing approval of the same kind of call, for a
+  while (``docs/review.md``).
 - :class:`ParkedTurn` and :class:`ParkedCall`: a model turn waiting for a human, as the interrupt
   row keeps it (the runtime's :class:`~tether.runtime._turn.CallItem` is made from and into a
   :class:`ParkedCall`).
@@ -22,12 +24,15 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, TypeAdapter, model_serializer
 
-from .tools import Risk, RiskSource
+from .tools import AllowArgs, Risk, RiskSource
 
 __all__ = [
     "ActionRequest",
     "ReviewConfig",
     "DecisionKind",
+    "AllowScope",
+    "AllowArgs",
+    "Allow",
     "Approve",
     "Reject",
     "Edit",
@@ -42,6 +47,8 @@ __all__ = [
 
 #: The four answers a reviewer may give.
 DecisionKind = Literal["approve", "reject", "edit", "respond"]
+#: What a standing approval covers: the rest of this ``run``, or any run of this ``thread``.
+AllowScope = Literal["run", "thread"]
 
 
 class _Record(BaseModel):
@@ -84,18 +91,35 @@ class ActionRequest(_Flags):
     outcome_unknown: bool = False
 
 
-class ReviewConfig(_Record):
+class ReviewConfig(_Flags):
     """The decisions a reviewer may take on one action."""
 
+    _optional: ClassVar[frozenset[str]] = frozenset({"allow_args"})
+
     allowed_decisions: list[DecisionKind]
+    #: What an approval's :class:`Allow` may cover (``args``): none when left out.
+    allow_args: list[AllowArgs] | None = None
 
 
-class Approve(_Record):
-    """Run the call as proposed."""
+class Allow(_Record):
+    """A standing approval asked for with an approval: calls of the same tool that it covers run
+    without asking, until it expires or is revoked (an *allowance*)."""
+
+    scope: AllowScope = "run"
+    args: AllowArgs = "same"
+    #: How long it holds, in seconds (at most the server's maximum).
+    ttl_s: int = Field(gt=0)
+
+
+class Approve(_Flags):
+    """Run the call as proposed; with :attr:`allow`, also allow calls like it for a while."""
+
+    _optional: ClassVar[frozenset[str]] = frozenset({"allow"})
 
     #: The call decided (empty until the decision is paired with its call).
     call_id: str = ""
     decision: Literal["approve"] = "approve"
+    allow: Allow | None = None
 
 
 class Reject(_Record):

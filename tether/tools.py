@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints, overload
 
@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from .errors import ToolArgsError
 
-__all__ = ["tool", "Tool", "ToolContext", "Sensitive", "Risk", "RiskFn", "RiskSource", "Decision", "mask_value", "ToolArgsError"]
+__all__ = ["tool", "Tool", "ToolContext", "Sensitive", "Risk", "RiskFn", "RiskSource", "AllowArgs", "Decision", "mask_value", "ToolArgsError"]
 
 log = logging.getLogger("tether.tools")
 
@@ -35,6 +35,10 @@ Risk = Literal["read_only", "reversible", "destructive"]
 #: A tier computed per call: given the call's validated arguments (by name), it returns the tier.
 RiskFn = Callable[[dict[str, Any]], Risk]
 Decision = Literal["approve", "reject", "edit", "respond"]
+#: Which calls of a tool a standing approval covers: with the ``same`` arguments, or ``any``.
+AllowArgs = Literal["same", "any"]
+#: What a standing approval may cover by default, by the tier of the approved call.
+DEFAULT_ALLOW_ARGS: dict[str, tuple[AllowArgs, ...]] = {"read_only": ("same", "any"), "reversible": ("same", "any"), "destructive": ("same",)}
 #: Where a tool's tier came from (see :attr:`Tool.risk_source`).
 RiskSource = Literal["author", "annotation", "spec default", "untrusted server"]
 RISK_ORDER: dict[str, int] = {"read_only": 0, "reversible": 1, "destructive": 2}
@@ -79,6 +83,7 @@ class Tool:
         describe: str | None = None,
         allow_sensitive_edit: bool = False,
         four_eyes: bool = False,
+        allow_args: Sequence[AllowArgs] | None = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"tool {fn.__name__!r} must be an async function")
@@ -92,6 +97,7 @@ class Tool:
             describe=describe,
             allow_sensitive_edit=allow_sensitive_edit,
             four_eyes=four_eyes,
+            allow_args=allow_args,
         )
 
         hints = get_type_hints(fn, include_extras=True)
@@ -123,6 +129,7 @@ class Tool:
         allow_sensitive_edit: bool,
         four_eyes: bool,
         risk_source: RiskSource = "author",
+        allow_args: Sequence[AllowArgs] | None = None,
     ) -> None:
         """Set what every kind of tool has: its name, description, tier and review settings."""
         #: The function that computes a call's tier, when the tier is per call (:meth:`risk_for`).
@@ -147,6 +154,12 @@ class Tool:
         #: Whether an approve (or edit) must come from a principal other than the run's requester.
         self.four_eyes = four_eyes
         self.allowed_decisions: tuple[Decision, ...] = tuple(allowed_decisions) if allowed_decisions is not None else ("approve", "reject", "edit")
+        unknown = [a for a in allow_args or () if a not in ("same", "any")]
+        if unknown:
+            raise ValueError(f"allow_args may hold 'same' and 'any', not {unknown}")
+        #: What a standing approval of a call may cover, at most (it can only narrow the default
+        #: of the call's tier); None: the default.
+        self.allow_args_limit: tuple[AllowArgs, ...] | None = tuple(allow_args) if allow_args is not None else None
 
     @property
     def risk_per_call(self) -> bool:
@@ -170,6 +183,18 @@ class Tool:
             return "destructive"
         return tier
 
+    def allow_args(self, risk: Risk) -> tuple[AllowArgs, ...]:
+        """What a standing approval given with the approval of a call of tier ``risk`` may cover:
+        by default ``same`` for a destructive call, ``same`` or ``any`` for a reversible one,
+        nothing for a four-eyes tool or one that cannot be approved; the tool's ``allow_args``
+        can only narrow that. (The server's four-eyes policy narrows it too, in the gate.)"""
+        if self.four_eyes or "approve" not in self.allowed_decisions:
+            return ()
+        default = DEFAULT_ALLOW_ARGS[risk]
+        if self.allow_args_limit is None:
+            return default
+        return tuple(a for a in default if a in self.allow_args_limit)
+
     @property
     def origin(self) -> str | None:
         """Where the tool comes from when it is not the author's Python code (``mcp:<server>``)."""
@@ -186,6 +211,7 @@ class Tool:
             "source": self.origin or "python",
             "allowed_decisions": list(self.allowed_decisions),
             "four_eyes": self.four_eyes,
+            "allow_args": list(self.allow_args(self.risk)),
             "sensitive_args": sorted(self.sensitive_args),
             "parameters": self.json_schema(),
         }
@@ -257,6 +283,7 @@ def tool(
     describe: str | None = None,
     allow_sensitive_edit: bool = False,
     four_eyes: bool = False,
+    allow_args: Sequence[AllowArgs] | None = None,
 ) -> Callable[[Callable[..., Awaitable[Any]]], Tool]: ...
 
 
@@ -271,13 +298,16 @@ def tool(
     describe: str | None = None,
     allow_sensitive_edit: bool = False,
     four_eyes: bool = False,
+    allow_args: Sequence[AllowArgs] | None = None,
 ) -> Tool | Callable[[Callable[..., Awaitable[Any]]], Tool]:
     """Make a :class:`Tool` of an async function; usable bare (``@tool``) or with options.
 
     ``risk`` is a tier, or a :data:`RiskFn` of the call's validated arguments that computes
     each call's tier (``risk=lambda args: "reversible" if args["amount"] <= 20 else
     "destructive"``). ``four_eyes=True``: approving a call (or running it with edited args)
-    needs a principal other than the run's requester; the requester may still reject it.
+    needs a principal other than the run's requester; the requester may still reject it (and
+    no standing approval can be given for it). ``allow_args`` narrows what a standing approval
+    of a call may cover (``("same",)``, or ``()`` for none; ``docs/review.md``).
     """
 
     def wrap(f: Callable[..., Awaitable[Any]]) -> Tool:
@@ -291,6 +321,7 @@ def tool(
             describe=describe,
             allow_sensitive_edit=allow_sensitive_edit,
             four_eyes=four_eyes,
+            allow_args=allow_args,
         )
 
     return wrap(fn) if fn is not None else wrap

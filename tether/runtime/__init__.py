@@ -28,6 +28,7 @@ from ..events import CancelMode, Resumed, format_ts
 from ..models import Usage
 from ..review import Decision, Edit, Expired, Reject
 from ..store import Attach, AuditEntry, CancelControl, ControlMessage, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store, args_digest
+from ._allowances import DEFAULT_MAX_ALLOWANCE_TTL_S, grants
 from ._bus import LocalBus, Subscription
 from ._cancel import Cancels
 from ._config import RunConfig
@@ -88,6 +89,7 @@ class Runtime:
         sweep_interval_s: float = 0.25,
         four_eyes: FourEyesPolicy = "off",
         max_queued_messages: int = 100,
+        max_allowance_ttl_s: float = DEFAULT_MAX_ALLOWANCE_TTL_S,
     ) -> None:
         self.store = store
         self.agent = agent
@@ -99,6 +101,8 @@ class Runtime:
         self.sweep_interval_s = sweep_interval_s
         #: The most steering messages a run holds for its next model call.
         self.max_queued_messages = max_queued_messages
+        #: The longest a standing approval may hold (``ttl_s`` above it: 422).
+        self.max_allowance_ttl_s = max_allowance_ttl_s
         self._executors: dict[str, RunExecutor] = {}
         self._run_tasks: dict[str, asyncio.Task[None]] = {}
         #: Every cancel request, whoever executes its run (:mod:`._cancel`).
@@ -125,6 +129,7 @@ class Runtime:
         four_eyes: FourEyesPolicy = "off",
         max_queued_messages: int = 100,
         stream_buffer_bytes: int = 1024 * 1024,
+        max_allowance_ttl_s: float = DEFAULT_MAX_ALLOWANCE_TTL_S,
     ) -> Runtime:
         """Open the store at ``db_url`` (running migrations) and the bus that suits it; call
         :meth:`start` next, and :meth:`aclose` to close all of it.
@@ -142,7 +147,15 @@ class Runtime:
         except BaseException:
             await store.aclose()
             raise
-        runtime = cls(store, agent, bus, sweep_interval_s=sweep_interval_s, four_eyes=four_eyes, max_queued_messages=max_queued_messages)
+        runtime = cls(
+            store,
+            agent,
+            bus,
+            sweep_interval_s=sweep_interval_s,
+            four_eyes=four_eyes,
+            max_queued_messages=max_queued_messages,
+            max_allowance_ttl_s=max_allowance_ttl_s,
+        )
         runtime._owns_store = True
         return runtime
 
@@ -352,8 +365,10 @@ class Runtime:
 
         All or nothing: the decisions are validated first (422/403 leave the interrupt
         pending), four-eyes included: ``actor`` may not approve a call that needs a second
-        person if ``actor`` started the run. Then one conditional write decides the winner, so of
-        racing resumes exactly one succeeds and the gated tools run once.
+        person if ``actor`` started the run, nor give a standing approval (an ``allow``) that
+        the call does not permit. Then one conditional write decides the winner, so of racing
+        resumes exactly one succeeds, the gated tools run once, and only the winner's standing
+        approvals exist.
         """
         interrupt = await self.store.get_interrupt(interrupt_id)
         if interrupt.thread_id != thread_id:
@@ -379,6 +394,9 @@ class Runtime:
             ]
             await self.store.add_audit(refused)
             raise
+        # Standing approvals asked for with approvals: checked with the rest (422 changes nothing),
+        # written by the transaction that resolves the interrupt.
+        allowances = grants(self.agent.tools, self.four_eyes, interrupt, gated, normalised, actor=actor, now=now, max_ttl_s=self.max_allowance_ttl_s)
         public: list[Decision] = []
         entries: list[AuditEntry] = []
         asked = {r.call_id: r.args for r in interrupt.action_requests}
@@ -421,6 +439,7 @@ class Runtime:
                     run_id, seq, Resumed(interrupt_id=interrupt_id, resolution="decided", decisions=public, actor=actor)
                 ),
                 audit_entries=entries,
+                allowances=allowances,
             )
         except BaseException:
             await self._cancels.resume_lost(run_id)  # a cancel meanwhile left the run to us

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import FieldError, Forbidden, InvalidRequest
 from ..review import ActionRequest, Approve, Decision, Edit, ReviewConfig
-from ..tools import RISK_ORDER, Risk, Tool, ToolArgsError, mask_value
+from ..tools import RISK_ORDER, AllowArgs, Risk, Tool, ToolArgsError, mask_value
 
 if TYPE_CHECKING:  # _turn uses is_gated
     from ._turn import CallItem
@@ -70,9 +70,10 @@ def action_request(
     )
 
 
-def review_config(tool: Tool) -> ReviewConfig:
-    """The decisions a reviewer may take on a call of ``tool``."""
-    return ReviewConfig(allowed_decisions=list(tool.allowed_decisions))
+def review_config(tool: Tool, allow_args: Sequence[AllowArgs] = ()) -> ReviewConfig:
+    """The decisions a reviewer may take on a call of ``tool``, and what a standing approval
+    given with its approval may cover (``allow_args``; none: left out)."""
+    return ReviewConfig(allowed_decisions=list(tool.allowed_decisions), allow_args=list(allow_args) or None)
 
 
 def _edited_args(tool: Tool, index: int, original: dict[str, Any], edited: dict[str, Any]) -> dict[str, Any]:

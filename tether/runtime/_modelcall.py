@@ -25,9 +25,10 @@ from ..models import AnswerCut, FinishReason, ModelRequest, TextDelta, ThinkingD
 from ..models._output import ATTEMPTS, stream_checked
 from ..store import MessageRecord, TurnOutcome
 from ._storable import describe_exception, storable_request, storable_text
-from ._turn import ModelTurn, announce_calls, json_safe, masked_args
+from ._turn import ModelTurn, announcements, gate_calls, json_safe, masked_args
 
 if TYPE_CHECKING:
+    from ._allowances import AllowanceGate
     from ._segment import Segment
 
 __all__ = ["ModelCalls"]
@@ -38,9 +39,11 @@ logger = logging.getLogger("tether.runtime")
 class ModelCalls:
     """Model turns of a run's executor: streamed, announced, stored behind their events."""
 
-    def __init__(self, segment: Segment, on_usage: Callable[[Usage], None] | None = None) -> None:
+    def __init__(self, segment: Segment, on_usage: Callable[[Usage], None] | None = None, *, allowances: AllowanceGate | None = None) -> None:
         self._segment = segment
         self._on_usage = on_usage
+        #: The gate's check of standing approvals (none: every gated call waits for a human).
+        self._allowances = allowances
 
     async def turn(self, request: ModelRequest) -> ModelTurn:
         """One model call: stream deltas as events, announce the calls, store the assistant message.
@@ -99,8 +102,10 @@ class ModelCalls:
         if failure is not None:
             await seg.store_turn(self._outcome(message.id, request.usage, content=text, status="failed"))
             return ModelTurn(message.id, text, [], [], failure)
-        calls, announcements = announce_calls(seg.agent.tools, seg.config.approval_threshold, message.id, requests)
-        for announcement in announcements:
+        calls = gate_calls(seg.agent.tools, seg.config.approval_threshold, requests)
+        if self._allowances is not None:
+            await self._allowances.cover(calls)  # standing approvals, read from the store now
+        for announcement in announcements(seg.agent.tools, message.id, requests, calls):
             seg.events.emit(announcement)
         stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(seg.agent.tools.get(r.name), r.args))} for r in requests]
         # An answer cut short is still the answer (what the user read), marked as cut; a turn with

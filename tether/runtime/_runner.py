@@ -38,6 +38,7 @@ from ..errors import LimitExceeded, RunNotActive
 from ..events import Done, RunError, Status, UserMessage
 from ..models import ChatMessage, ModelRequest, Usage
 from ..store import CreatedRun, InterruptRecord, RunRecord, Store
+from ._allowances import AllowanceGate
 from ._cancel import RunCancel
 from ._end import Outcome, RunEnd, Stop
 from ._eventlog import EventLog
@@ -84,7 +85,7 @@ class RunExecutor:
         # Given when the run was created running (``Store.create_run(running=True)``): then its
         # start, with its first turn's message, is written already.
         self._segment = seg = Segment(store, agent, run, self.cancel, started_turn=started.first_turn if started is not None else None)
-        self._model = ModelCalls(seg, on_usage)
+        self._model = ModelCalls(seg, on_usage, allowances=AllowanceGate(seg, four_eyes))
         self._tools = ToolCalls(seg, four_eyes=four_eyes, resume=resume)
         self._end = RunEnd(seg)
         self._recovery = CheckpointRecovery(seg, self._tools)

@@ -23,6 +23,7 @@ from ..models import ChatMessage
 from ..review import Edit
 from ..store import AuditEntry, InterruptRecord, args_digest
 from ..tools import Tool, ToolArgsError, ToolContext
+from ._allowances import permitted_args
 from ._end import Stop
 from ._gate import FourEyesPolicy, action_request, needs_four_eyes, review_config
 from ._storable import describe_exception
@@ -55,6 +56,9 @@ class ToolCalls:
         for call in calls:
             if call.settled:  # unknown tool or invalid args
                 seg.events.emit(call.result_event())
+        allowed = [c for c in calls if not c.settled and c.allowance is not None]
+        if allowed:  # on the word of whoever gave the standing approval, before it runs
+            await seg.store.add_audit([self._allowed(c) for c in allowed])
         await self.execute([c for c in calls if not c.settled and not c.gated], audited=False)
         gated = [c for c in calls if not c.settled and c.gated]
         if gated and not seg.cancel.requested:
@@ -72,25 +76,49 @@ class ToolCalls:
             async with anyio.create_task_group() as tg:
                 for call in calls:
                     tg.start_soon(self._run_tool, call)
-        if audited:
-            # Executed on the word of whoever approved it.
-            actor = (self._resume.resolved_by if self._resume else None) or "system"
-            await seg.store.add_audit([self._executed(c, actor) for c in calls])
+        # Gated calls ran on the word of whoever approved them; allowed ones on that of whoever
+        # gave their standing approval.
+        approver = (self._resume.resolved_by if self._resume else None) or "system"
+        executed = [self._executed(c, approver) for c in calls if audited or c.allowance is not None]
+        if executed:
+            await seg.store.add_audit(executed)
 
-    def _executed(self, call: CallItem, actor: str) -> AuditEntry:
-        """The ``tool_executed`` entry of a call that ran on ``actor``'s word (its tier in ``details``)."""
+    def _executed(self, call: CallItem, approver: str) -> AuditEntry:
+        """The ``tool_executed`` entry of a call that ran on a person's word (its tier, and the
+        standing approval it ran under, in ``details``)."""
         seg = self._segment
+        allowance = call.allowance
+        details = {k: v for k, v in (("risk", call.risk), ("allowance_id", allowance.id if allowance else None)) if v}
         return AuditEntry(
             action="tool_executed",
-            actor=actor,
+            actor=allowance.created_by if allowance is not None else approver,
             thread_id=seg.run.thread_id,
             run_id=seg.run.id,
-            interrupt_id=self._resume.id if self._resume else None,
+            interrupt_id=self._resume.id if self._resume and allowance is None else None,
             call_id=call.id,
             tool=call.name,
             args_digest=args_digest(_masked(seg.agent.tools.get(call.name), call.args)),
             outcome=call.status or "cancelled",
-            details={"risk": call.risk} if call.risk else None,
+            details=details or None,
+        )
+
+    def _allowed(self, call: CallItem) -> AuditEntry:
+        """The ``allowed`` entry of a call a standing approval lets through: its creator is the
+        actor; ``details`` names the allowance."""
+        seg = self._segment
+        allowance = call.allowance
+        assert allowance is not None
+        return AuditEntry(
+            action="allowed",
+            actor=allowance.created_by,
+            thread_id=seg.run.thread_id,
+            run_id=seg.run.id,
+            call_id=call.id,
+            tool=call.name,
+            args_digest=args_digest(_masked(seg.agent.tools.get(call.name), call.args)),
+            decision="approve",
+            outcome="allowed",
+            details={"allowance_id": allowance.id, "scope": allowance.scope, "args": allowance.args, "risk": call.risk},
         )
 
     async def _run_tool(self, call: CallItem) -> None:
@@ -128,7 +156,7 @@ class ToolCalls:
             action_request(t, c.id, c.args, risk=c.risk, four_eyes=needs_four_eyes(t, self._four_eyes, c.risk), outcome_unknown=c.outcome_unknown)
             for t, c in zip(tools, gated, strict=True)
         ]
-        configs = [review_config(t) for t in tools]
+        configs = [review_config(t, permitted_args(t, self._four_eyes, c.risk or t.risk)) for t, c in zip(tools, gated, strict=True)]
         await seg.events.wait_for_idle()
         event = seg.events.seal(Interrupt(interrupt_id=interrupt_id, action_requests=requests, review_configs=configs, expires_at=format_ts(expires)))
         record = InterruptRecord(

@@ -22,7 +22,7 @@ from .._ids import new_id
 from ..events import RunError, ToolCall, ToolResult
 from ..models import FinishReason, ToolCallRequest
 from ..review import Approve, Decision, Edit, ParkedCall, ParkedTurn, Reject, Respond, ToolStatus
-from ..store import MessageRecord
+from ..store import AllowanceRecord, MessageRecord
 from ..tools import Risk, Tool, ToolArgsError
 from ._gate import is_gated
 from ._storable import storable_json, storable_text
@@ -100,6 +100,8 @@ class CallItem:
     gated: bool = False
     #: The call's tier, computed from its validated arguments (None when they did not validate).
     risk: Risk | None = None
+    #: The standing approval that lets it run without asking (then it is not gated).
+    allowance: AllowanceRecord | None = None
     #: None until settled.
     status: ToolStatus | None = None
     result: Any = None
@@ -321,6 +323,7 @@ def announcements(tools: Mapping[str, Tool], message_id: str, requests: list[Too
                 risk=call.risk or (tool.risk if tool else "read_only"),
                 gated=call.gated,
                 message_id=message_id,
+                allowed_by=call.allowance.id if call.allowance is not None else None,
             )
         )
     return events

@@ -27,7 +27,7 @@ from ..store import Principal
 from ..telemetry import Telemetry
 from ..webhooks import WebhookSettings, start_webhooks
 from ..webhooks import _routes as webhook_routes
-from . import _agent, _agui, _auth, _inbox, _metrics, _resume, _runs, _threads, _timeline
+from . import _agent, _agui, _allowances, _auth, _inbox, _metrics, _resume, _runs, _threads, _timeline
 from ._auth import Authenticate, AuthMode, principal_of
 from ._deps import caller_of, request_buckets_of
 from ._errors import install_error_handlers
@@ -108,6 +108,7 @@ def create_app(
             four_eyes=four_eyes,
             max_queued_messages=limits.max_queued_messages,
             stream_buffer_bytes=limits.stream_buffer_bytes,
+            max_allowance_ttl_s=limits.max_allowance_ttl_s,
         )
         app.state.runtime = runtime
         app.state.store = runtime.store
@@ -152,7 +153,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(cors_origins),
-            allow_methods=["GET", "POST", "PUT", "PATCH"],
+            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Accept", "Last-Event-ID", "Idempotency-Key"],
             expose_headers=["Location", "X-Run-Id"],
         )
@@ -167,6 +168,7 @@ def create_app(
     app.include_router(_timeline.router, dependencies=counted)
     app.include_router(_resume.router, dependencies=counted)
     app.include_router(_inbox.router, dependencies=counted)
+    app.include_router(_allowances.router, dependencies=counted)
     app.include_router(_metrics.router)
     app.include_router(_agui.router, dependencies=counted)
     app.include_router(webhook_routes.router, dependencies=counted)

@@ -1,6 +1,6 @@
 """Who may see and do what: the one place where ownership and roles are enforced.
 
-Every route reads threads, runs, messages, interrupts and audit entries through an
+Every route reads threads, runs, messages, interrupts, standing approvals and audit entries through an
 :class:`Access` bound to the caller, never through the store directly, so a by-id route cannot
 skip the check (the failure of aegra#485). The rules:
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from .._ids import utcnow
 from ..errors import Forbidden, InvalidRequest, NotFound
-from ..store import AuditEntry, Found, InterruptRecord, MessageRecord, Principal, RunRecord, Store, ThreadRecord
+from ..store import AllowanceRecord, AuditEntry, Found, InterruptRecord, MessageRecord, Principal, RunRecord, Store, ThreadRecord
 
 __all__ = ["Access", "Purpose"]
 
@@ -103,6 +104,17 @@ class Access:
         self._check(found, "decide", NotFound("unreachable"), requester=interrupt.requested_by)
         return interrupt
 
+    async def allowance_to_revoke(self, allowance_id: str) -> AllowanceRecord:
+        """A standing approval the caller may revoke: whoever may decide the interrupts of its
+        thread's runs it covers (their requester, an approver, an admin); 404
+        ``allowance_not_found`` if they may not see its thread, 403 ``not_an_approver`` if they
+        may see it but not decide."""
+        found = await self.store.find_allowance(allowance_id)
+        missing = NotFound(f"allowance {allowance_id!r} not found", code="allowance_not_found")
+        self._check(found, "decide", missing, requester=found.record.principal if found is not None else None)
+        assert found is not None
+        return found.record
+
     # -- lists -----------------------------------------------------------------------------
 
     async def threads(self, *, limit: int) -> list[ThreadRecord]:
@@ -114,6 +126,11 @@ class Access:
         started, or every one for approvers and admins."""
         requester = None if self.principal.is_approver else self.principal.name
         return await self.store.inbox(requested_by=requester, limit=limit)
+
+    async def allowances(self, thread_id: str, *, limit: int) -> list[AllowanceRecord]:
+        """The standing approvals of a thread the caller may read: active first, then past."""
+        await self.thread(thread_id)
+        return await self.store.list_allowances(thread_id, now=utcnow(), limit=limit)
 
     async def audit(self, *, thread_id: str | None, run_id: str | None, limit: int) -> list[AuditEntry]:
         """Audit entries of a thread or run the caller may read; an admin may ask for every entry."""

@@ -54,6 +54,8 @@ class Limits:
     #: Events, in bytes of JSON, a stream that does not keep up may have waiting before it is
     #: ended (with a comment saying so; the client resumes from its ``Last-Event-ID``).
     stream_buffer_bytes: int = 1024 * 1024
+    #: The longest a standing approval (an approval's ``allow``) may hold, in seconds (422 beyond).
+    max_allowance_ttl_s: int = 24 * 3600
 
     def __post_init__(self) -> None:
         for name in self.__slots__:

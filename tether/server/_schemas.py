@@ -202,10 +202,12 @@ class CancelRun(BaseModel):
 
 
 class Approve(BaseModel):
-    """Run the action as proposed."""
+    """Run the action as proposed; with ``allow``, also allow calls like it for a while (a
+    standing approval: ``docs/review.md``)."""
 
     model_config = _STRICT
     decision: Literal["approve"]
+    allow: review.Allow | None = None
 
 
 class Reject(BaseModel):
@@ -250,7 +252,7 @@ def decision_of(body: Approve | Reject | Edit | Respond) -> review.Decision:
         return review.Edit(args=body.args)
     if isinstance(body, Respond):
         return review.Respond(message=body.message)
-    return review.Approve()
+    return review.Approve(allow=body.allow)
 
 
 class ResumeThread(BaseModel):

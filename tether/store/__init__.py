@@ -14,6 +14,7 @@ each a part of :class:`Store` (which ``_store`` puts together); this module only
 - ``_runs``: run creation, transitions and leases;
 - ``_events``: the event log and its notifications (channel names and payloads in ``notify``);
 - ``_interrupts``: interrupts, the approvals inbox and the audit log;
+- ``_allowances``: standing approvals, given with a decision, read at the gate, revoked;
 - ``_keys``: API keys and the principals they stand for;
 - ``_idempotency``: ``Idempotency-Key`` records (claimed under a lease, answered, released,
   purged) and what a keyed request created;
@@ -23,6 +24,7 @@ each a part of :class:`Store` (which ``_store`` puts together); this module only
 from __future__ import annotations
 
 from ..events import StoredEvent
+from ._allowances import AllowanceRecord, args_match
 from ._engine import normalize_db_url
 from ._idempotency import KEY_RETENTION, KeyClaim, KeyIdent, SeenKey, creating_under
 from ._lookup import Found
@@ -94,4 +96,6 @@ __all__ = [
     "MAX_TITLE_CHARS",
     "clean_title",
     "title_from_message",
+    "AllowanceRecord",
+    "args_match",
 ]

@@ -20,6 +20,7 @@ from .._ids import as_utc
 from ..errors import InterruptExpired, InterruptResolved, NotFound
 from ..events import StoredEvent, format_ts
 from ..review import Decision, ParkedTurn
+from ._allowances import AllowanceRecord, insert_allowances
 from ._events import EventStore
 from ._records import AuditEntry, InterruptRecord, RunRecord, RunStatus, audit_entry, interrupt_record, run_record
 from ._tables import audit, interrupts, runs
@@ -138,12 +139,15 @@ class ReviewStore(EventStore):
         actor: str,
         make_event: Callable[[str, int], StoredEvent],
         audit_entries: Sequence[AuditEntry],
+        allowances: Sequence[AllowanceRecord] = (),
     ) -> tuple[InterruptRecord, StoredEvent, RunRecord]:
         """The one transition out of ``pending``: to ``resolved`` (decisions) or ``expired``.
 
         In one transaction: the interrupt's conditional update, ``waiting_human → running`` for
-        its run, the ``resumed`` event (built by ``make_event(run_id, seq)``) and the audit
-        entries. Returns the interrupt, the event and the run as committed.
+        its run, the ``resumed`` event (built by ``make_event(run_id, seq)``), the audit entries
+        and the standing approvals the decisions give (with theirs: :func:`insert_allowances`),
+        so a decision that loses leaves no allowance behind. Returns the interrupt, the event and
+        the run as committed.
         Raises :class:`InterruptResolved` / :class:`InterruptExpired` when it lost.
         """
         async with self._writing() as conn:
@@ -178,6 +182,7 @@ class ReviewStore(EventStore):
             run_row = (await conn.execute(runs.select().where(runs.c.id == current.run_id))).first()
             if self.outbox is not None:
                 await self.outbox.interrupt_left(conn, left)
+            await insert_allowances(conn, allowances, self.outbox)  # after the decision, also in the outbox
         return left, event, run_record(run_row)
 
     async def add_audit(self, entries: Sequence[AuditEntry]) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "audit",
     "api_keys",
     "idempotency_keys",
+    "allowances",
     "ACTIVE_RUN_STATUSES",
     "ACTIVE_RUN_SQL",
     "ONE_ACTIVE_RUN_INDEX",
@@ -257,6 +258,42 @@ idempotency_keys = sa.Table(
     # What the holder created (a run or thread id), in the transaction that created it.
     sa.Column("resource", sa.String(64), nullable=True),
     sa.Index("ix_idempotency_keys_expires", "expires_at"),
+)
+
+
+#: Standing approvals (migration 0014): an approval that also allows calls like it, in one
+#: thread, for a while. Read at every gate that could use one (never cached), so an expiry or a
+#: revocation holds at once in every process.
+allowances = sa.Table(
+    "allowances",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("thread_id", sa.String(64), sa.ForeignKey("threads.id"), nullable=False),
+    # The run it covers (scope run); null for scope thread.
+    sa.Column("run_id", sa.String(64), nullable=True),
+    # run | thread
+    sa.Column("scope", sa.String(8), nullable=False),
+    sa.Column("tool", sa.String(200), nullable=False),
+    # same | any
+    sa.Column("args", sa.String(8), nullable=False),
+    # As the audit shows a call's arguments (masked); null for args any.
+    sa.Column("args_digest", sa.String(80), nullable=True),
+    # What a call's real, validated arguments must hash to (args same); never shown.
+    sa.Column("args_match", sa.String(80), nullable=True),
+    # The tier of the approved call: the calls it covers are at most this tier.
+    sa.Column("risk", sa.String(16), nullable=False),
+    # Whose runs it covers: the requester of the run it was given in.
+    sa.Column("principal", sa.String(200), nullable=True),
+    # The decision that created it.
+    sa.Column("interrupt_id", sa.String(64), nullable=False),
+    sa.Column("call_id", sa.String(128), nullable=False),
+    sa.Column("created_by", sa.String(200), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False),
+    sa.Column("revoked_at", Timestamp, nullable=True),
+    sa.Column("revoked_by", sa.String(200), nullable=True),
+    sa.Index("ix_allowances_gate", "thread_id", "tool", "expires_at"),
+    sa.Index("ix_allowances_thread", "thread_id", "created_at"),
 )
 
 

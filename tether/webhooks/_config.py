@@ -19,6 +19,7 @@ EVENT_TYPES = (
     "run.completed",
     "run.failed",
     "run.cancelled",
+    "allowance.created",
 )
 
 #: Seconds before each attempt, counted from the previous one: immediately, 5 s, 5 min, 30 min,

@@ -20,6 +20,7 @@ from ._config import WebhookSettings
 from ._tables import webhook_outbox
 
 if TYPE_CHECKING:
+    from ..store._allowances import AllowanceRecord
     from ..store._engine import Writing
     from ..store._records import InterruptRecord
 
@@ -125,6 +126,11 @@ class Outbox:
         if event_type == "run.failed" and failure is not None:
             data["error"] = failure.to_json()
         await self._insert(conn, event_type, thread_id, data)
+
+    async def allowance_created(self, conn: Writing, allowance: AllowanceRecord) -> None:
+        """``allowance.created``: the allowance as the API shows it (from its record), and a link."""
+        data: dict[str, Any] = {**allowance.as_json(allowance.created_at), "url": self._link(allowance.thread_id)}
+        await self._insert(conn, "allowance.created", allowance.thread_id, data, interrupt_id=allowance.interrupt_id)
 
 
 def _decision_payload(decision: Decision) -> dict[str, Any]:
