@@ -10,14 +10,16 @@ tier than the approved one is never covered; what a tool permits (destructive ``
 reversible ``any``, a tool's own narrowing, four-eyes none) and the ttl cap are enforced with
 422s that change nothing; an expired or revoked allowance covers nothing from that moment on,
 in every process (two PostgreSQL server processes); never another thread or another
-principal's runs; several actions of one interrupt give allowances each; of racing approvals
-only the winner's allowance exists.
+principal's runs; several actions of one interrupt, the inbox's batch decide, AG-UI resumes and
+``tether chat`` give allowances too; of racing approvals only the winner's allowance exists.
 Executions are counted in the demo shop's effects table, never inferred from responses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ import anyio
 import httpx
 import pytest
 
+from tether._chat import run_chat
 from tether.agent import Agent
 from tether.client import APIError, AsyncClient
 from tether.demo import build_demo_agent
@@ -34,6 +37,7 @@ from tether.server import Limits
 from tether.tools import tool
 
 from .conftest import LiveServer, ServerProcess, script
+from .test_agui import post_agui, run_input, user
 from .test_auth import Keys, bearer, create_keys
 from .test_webhooks import Receiver, settings, wait_for
 
@@ -451,6 +455,27 @@ async def test_several_actions_of_one_interrupt_each_give_their_own_allowance(se
         assert [e["call_id"] for e in await effects(server.url, run["id"])] == ["a1", "b1", "a2", "b2"]
 
 
+async def test_a_batch_approval_with_allow_gives_one_allowance_per_action_and_refuses_per_interrupt(server: LiveServer, client: AsyncClient) -> None:
+    with anyio.fail_after(60):
+        note_thread, refund_thread = await client.create_thread(), await client.create_thread()
+        note_run, note_interrupt = await waits(client, note_thread["id"], turn(call("n1", "write_note", text="x")), config=REVERSIBLE)
+        refund_run, refund_interrupt = await waits(client, refund_thread["id"], turn(refund("r1", 5)))
+        items = await client.decide_many([note_interrupt["id"], refund_interrupt["id"]], "approve", allow=allow("thread", "any"))
+        assert [(i["status"], (i["error"] or {}).get("code")) for i in items] == [(200, None), (422, "allow_not_permitted")]
+        await client.wait_for_run(note_run["id"])
+        assert [(a["tool"], a["args"]) for a in await client.allowances(note_thread["id"])] == [("write_note", "any")]
+        assert await client.allowances(refund_thread["id"]) == []
+        assert (await client.get_run(refund_run["id"]))["status"] == "waiting_human"  # refused: still pending
+        items = await client.decide_many([refund_interrupt["id"]], "approve", allow=allow("thread", "same"))
+        assert [i["status"] for i in items] == [200]
+        await client.wait_for_run(refund_run["id"])
+        await run_to_end(client, note_thread["id"], turn(call("n2", "write_note", text="y")), config=REVERSIBLE)
+        await run_to_end(client, refund_thread["id"], turn(refund("r2", 5)))
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            response = await http.post("/v1/interrupts/decide", json={"interrupt_ids": ["int_x"], "decision": "reject", "allow": allow()})
+            assert response.status_code == 422 and response.json()["error"]["code"] == "validation_error"
+
+
 async def test_of_racing_approvals_with_allow_one_wins_and_one_allowance_exists(server: LiveServer, client: AsyncClient) -> None:
     with anyio.fail_after(60):
         thread = await client.create_thread()
@@ -465,6 +490,59 @@ async def test_of_racing_approvals_with_allow_one_wins_and_one_allowance_exists(
         audit = await client.audit(thread_id=thread["id"])
         assert len([e for e in audit if e["action"] == "allowance_created"]) == 1
         assert len(await effects(server.url, run["id"])) == 1
+
+
+# -- other ways to decide --------------------------------------------------------------------
+
+
+async def test_an_ag_ui_resume_may_carry_allow(server: LiveServer, client: AsyncClient) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        with anyio.fail_after(60):
+            events = await post_agui(http, run_input("agui-allow", "r1", [user("refund 25 on order A100")]))
+            (interrupt,) = events[-1]["outcome"]["interrupts"]
+            schema = interrupt["responseSchema"]["properties"]["allow"]
+            assert schema["properties"]["args"]["enum"] == ["same"] and schema["required"] == ["ttl_s"]
+            assert interrupt["metadata"]["tether"]["allow_args"] == ["same"]
+            wrong = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": False, "allow": allow()}}]
+            events = await post_agui(http, run_input("agui-allow", "rx", resume=wrong))
+            assert (events[-1]["type"], events[-1]["code"]) == ("RUN_ERROR", "invalid_resume_payload")
+            answer = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True, "allow": allow("thread", "same")}}]
+            events = await post_agui(http, run_input("agui-allow", "r2", resume=answer))
+            assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+            [allowance] = await client.allowances("agui-allow")
+            assert (allowance["tool"], allowance["scope"]) == ("refund", "thread")
+            synced = await post_agui(http, run_input("agui-allow", "c1"), path="/v1/agui/connect")
+            history = next(e for e in synced if e["type"] == "MESSAGES_SNAPSHOT")["messages"]
+            events = await post_agui(http, run_input("agui-allow", "r3", [*history, user("refund 25 on order A100", "u-2")]))
+            assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+            calls = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+            assert len(calls) == 1
+
+
+async def test_tether_chat_approves_and_allows_lists_and_revokes(server: LiveServer, client: AsyncClient, capsys: pytest.CaptureFixture[str]) -> None:
+    answers: queue.Queue[str] = queue.Queue()
+    # Approve and allow (refund permits the same arguments only: no question about them), for this
+    # thread, 15 minutes; the same refund again runs at once; list; revoke; list.
+    for line in ("refund 25 on order A100", "l", "thread", "15m", "refund 25 on order A100", "/allowances", "/revoke 1", "/allowances"):
+        answers.put(line)
+
+    def ask(prompt: str) -> str:
+        try:
+            return answers.get_nowait()
+        except queue.Empty:
+            raise EOFError from None
+
+    thread = await client.create_thread()
+    with anyio.fail_after(60):
+        await run_chat(server.url, thread["id"], ask)
+    out = capsys.readouterr().out
+    [allowance] = await client.allowances(thread["id"])
+    assert (allowance["scope"], allowance["args"], allowance["status"], allowance["revoked_by"]) == ("thread", "same", "revoked", "local")
+    assert "allowed by your approval" in out
+    assert re.search(r"\[1\] refund, same arguments, this thread, until \d\d:\d\d", out), out
+    assert "revoked" in out
+    refunds = [e for e in (await client.audit(thread_id=thread["id"])) if e["action"] in ("allowed", "tool_executed")]
+    assert [e["action"] for e in refunds] == ["tool_executed", "allowed", "tool_executed"]
 
 
 # -- webhooks ---------------------------------------------------------------------------------

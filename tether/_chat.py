@@ -2,7 +2,9 @@
 
 It is a thin layer over :class:`~tether.client.AsyncClient`. While a run streams, Ctrl-C asks
 the server for a *soft* cancel (a running tool finishes, nothing new starts); a second Ctrl-C
-asks for a *hard* one. Closing the terminal is only a disconnect: the run goes on and
+asks for a *hard* one. A review offers *approve and allow* where the call permits a standing
+approval (this run or this thread, the same or any arguments, 15 min, 1 h or 8 h);
+``/allowances`` lists the thread's, ``/revoke N`` ends one. Closing the terminal is only a disconnect: the run goes on and
 ``tether chat --thread ID`` catches up from the log.
 """
 
@@ -23,10 +25,31 @@ from .client import APIError, AsyncClient
 __all__ = ["run_chat"]
 
 
+def _moment(ts: str) -> datetime:
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
 def _remaining(expires_at: str) -> str:
-    end = datetime.strptime(expires_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-    seconds = max(0, int((end - datetime.now(UTC)).total_seconds()))
+    seconds = max(0, int((_moment(expires_at) - datetime.now(UTC)).total_seconds()))
     return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _clock(ts: str) -> str:
+    """A wire timestamp as local wall-clock time, ``14:02``."""
+    return _moment(ts).astimezone().strftime("%H:%M")
+
+
+#: The lifetimes a standing approval may be given here, in seconds.
+_TTLS = {"15m": 900, "1h": 3600, "8h": 8 * 3600}
+
+
+def _describe_allowance(allowance: dict[str, Any]) -> str:
+    """``refund, same arguments, this thread, until 15:02`` (and its state, when not active)."""
+    args = "same arguments" if allowance["args"] == "same" else "any arguments"
+    scope = "this run" if allowance["scope"] == "run" else "this thread"
+    until = f"until {_clock(allowance['expires_at'])}"
+    state = "" if allowance["status"] == "active" else f" ({allowance['status']})"
+    return f"{allowance['tool']}, {args}, {scope}, {until}, by {allowance['created_by']}{state}"
 
 
 class _Chat:
@@ -36,6 +59,9 @@ class _Chat:
         self.ask = ask
         self._stops = 0
         self._run_id: str | None = None
+        self._me: str | None = None
+        #: The thread's allowances as last listed (``/revoke N`` picks from them).
+        self._listed: list[dict[str, Any]] = []
 
     def _on_interrupt_key(self) -> None:
         if self._run_id is None:
@@ -66,6 +92,8 @@ class _Chat:
                 async for event in self.client.follow(run_id, after_seq=last):
                     last = event.seq
                     self._show(event.type, event.data)
+                    if event.type == "tool_call" and event.data.get("allowed_by"):
+                        await self._show_allowed(event.data["allowed_by"])
                     if event.type == "interrupt":
                         interrupt = event.data
                         break
@@ -101,20 +129,49 @@ class _Chat:
         elif kind == "cancelled":
             click.secho(f"\n[stopped ({data['mode']})]", fg="yellow")
 
+    async def _show_allowed(self, allowance_id: str) -> None:
+        """Say under which standing approval a call runs without asking."""
+        if self._me is None:
+            self._me = (await self.client.me())["name"]
+        allowance = next((a for a in await self.client.allowances(self.thread_id) if a["id"] == allowance_id), None)
+        if allowance is None:
+            click.secho("│ runs without asking: a standing approval covers it", fg="cyan")
+            return
+        whose = "your" if allowance["created_by"] == self._me else f"{allowance['created_by']}'s"
+        click.secho(f"│ allowed by {whose} approval at {_clock(allowance['created_at'])}, until {_clock(allowance['expires_at'])}", fg="cyan")
+
+    async def _ask_allow(self, permitted: list[str]) -> dict[str, Any]:
+        """What a standing approval covers, asked for in words."""
+        while (scope := (await asyncio.to_thread(self.ask, "  allow for [r]un / [t]hread> ")).strip().lower()) not in ("r", "run", "t", "thread"):
+            click.secho("  r (the rest of this run) or t (this thread, later runs too)", fg="red")
+        args = permitted[0]
+        if len(permitted) > 1:
+            while (args := (await asyncio.to_thread(self.ask, "  with the [s]ame / [a]ny arguments> ")).strip().lower()) not in ("s", "same", "a", "any"):
+                click.secho("  s (only these arguments) or a (any arguments)", fg="red")
+        while (ttl := (await asyncio.to_thread(self.ask, f"  for {' / '.join(_TTLS)}> ")).strip().lower()) not in _TTLS:
+            click.secho(f"  one of {', '.join(_TTLS)}", fg="red")
+        return {"scope": "run" if scope.startswith("r") else "thread", "args": "same" if args.startswith("s") else "any", "ttl_s": _TTLS[ttl]}
+
     async def _review(self, run_id: str, interrupt: dict[str, Any]) -> None:
         decisions: list[dict[str, Any]] = []
         click.secho(f"\n⏸  Review needed — expires in {_remaining(interrupt['expires_at'])}", fg="magenta", bold=True)
         for request, config in zip(interrupt["action_requests"], interrupt["review_configs"], strict=True):
-            allowed = config["allowed_decisions"]
+            allowed = list(config["allowed_decisions"])
+            permitted = config.get("allow_args") or []
+            if permitted and "approve" in allowed:
+                allowed.insert(allowed.index("approve") + 1, "allow")
             click.secho(f"  {request['description']}", bold=True)
             click.echo(f"  {request['action']} {json.dumps(request['args'], ensure_ascii=False)}")
-            keys = {"approve": "a", "reject": "r", "edit": "e", "respond": "s"}
-            menu = "/".join(f"[{keys[d]}]{d[1:] if keys[d] == d[0] else ' ' + d}" for d in allowed)
+            keys = {"approve": "a", "allow": "l", "reject": "r", "edit": "e", "respond": "s"}
+            names = {"allow": "approve and a[l]low…"}
+            menu = "/".join(names.get(d) or f"[{keys[d]}]{d[1:] if keys[d] == d[0] else ' ' + d}" for d in allowed)
             while True:
                 answer = (await asyncio.to_thread(self.ask, f"  {menu} (expires in {_remaining(interrupt['expires_at'])})> ")).strip().lower()
                 choice = next((d for d in allowed if answer in (d, keys[d])), None)
                 if choice == "approve":
                     decisions.append({"decision": "approve"})
+                elif choice == "allow":
+                    decisions.append({"decision": "approve", "allow": await self._ask_allow(permitted)})
                 elif choice == "reject":
                     reason = await asyncio.to_thread(self.ask, "  reason (optional)> ")
                     decisions.append({"decision": "reject", "reason": reason.strip() or None})
@@ -167,6 +224,19 @@ class _Chat:
         try:
             if name == "/history":
                 await self.show_path()
+            elif name == "/allowances":
+                self._listed = await self.client.allowances(self.thread_id)
+                if not self._listed:
+                    click.echo("no standing approvals in this thread")
+                for shown, allowance in enumerate(self._listed, 1):
+                    click.echo(f"[{shown}] {_describe_allowance(allowance)}")
+            elif name == "/revoke":
+                listed = self._listed or await self.client.allowances(self.thread_id)
+                index = int(rest.strip() or "0") - 1
+                if not 0 <= index < len(listed):
+                    raise ValueError("no such standing approval; /allowances shows the numbers")
+                await self.client.revoke_allowance(listed[index]["id"])
+                click.echo(f"revoked: {listed[index]['tool']} is asked about again")
             elif name == "/edit":
                 number, _, new_text = rest.partition(" ")
                 target = pick(number)
@@ -193,7 +263,7 @@ class _Chat:
                 await self.client.set_active_leaf(self.thread_id, siblings[new_index])
                 await self.show_path()
             else:
-                click.echo("commands: /history, /edit N text, /regenerate, /branch N next|prev, /quit")
+                click.echo("commands: /history, /edit N text, /regenerate, /branch N next|prev, /allowances, /revoke N, /quit")
         except ValueError as exc:
             click.secho(str(exc), fg="red")
         except StopIteration:
@@ -236,7 +306,7 @@ async def run_chat(url: str, thread_id: str | None, ask: Callable[[str], str] = 
         if thread_id is None:
             thread_id = (await client.create_thread({"client": "tether chat"}))["id"]
         click.secho(
-            f"thread {thread_id} — Ctrl-C stops a run (twice: at once); /history, /edit N text, /regenerate, /branch N next|prev, /quit",
+            f"thread {thread_id} — Ctrl-C stops a run (twice: at once); /history, /edit N text, /regenerate, /branch N next|prev, /allowances, /revoke N, /quit",
             dim=True,
             err=True,
         )

@@ -318,11 +318,16 @@ class AsyncClient:
         """Pending interrupts this client may decide, soonest expiry first."""
         return await self._items("/v1/interrupts", params={"status": "pending", "limit": limit})
 
-    async def decide_many(self, interrupt_ids: list[str], decision: str, *, reason: str | None = None) -> list[dict[str, Any]]:
-        """Approve or reject (``decision``) every action of each interrupt; one result per interrupt."""
+    async def decide_many(
+        self, interrupt_ids: list[str], decision: str, *, reason: str | None = None, allow: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Approve or reject (``decision``) every action of each interrupt (an approval with
+        ``allow`` also gives that standing approval); one result per interrupt."""
         body: dict[str, Any] = {"interrupt_ids": interrupt_ids, "decision": decision}
         if reason is not None:
             body["reason"] = reason
+        if allow is not None:
+            body["allow"] = allow
         items: list[dict[str, Any]] = (await self._json("POST", "/v1/interrupts/decide", json=body))["items"]
         return items
 

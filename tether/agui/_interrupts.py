@@ -6,7 +6,8 @@ to answer, so each gated call becomes one AG-UI interrupt whose id is
 ``<tether interrupt id>:<call id>`` (Tether's ids hold no ``:``). Its ``responseSchema`` says
 which answers the tool allows, in the shape AG-UI recommends for tool approvals
 (``{approved, editedArgs}``), plus ``reason`` for a rejection and ``message`` for tools that are
-answered instead of run (``respond``). Deciding stays Tether's: the entries become the decisions
+answered instead of run (``respond``), and ``allow`` (a standing approval) where one may be
+given. Deciding stays Tether's: the entries become the decisions
 of ``POST /v1/threads/{id}/resume`` and go through the same validation, the same single winner
 and the same expiry.
 """
@@ -40,8 +41,9 @@ def tether_interrupt_id(agui_id: str) -> str:
     return agui_id.split(":", 1)[0]
 
 
-def response_schema(allowed: Sequence[str], args_schema: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The JSON schema of the ``resume`` payload a call with these allowed decisions accepts."""
+def response_schema(allowed: Sequence[str], args_schema: Mapping[str, Any] | None, allow_args: Sequence[str] = ()) -> dict[str, Any]:
+    """The JSON schema of the ``resume`` payload a call with these allowed decisions accepts
+    (with ``allow``, a standing approval, when ``allow_args`` says one may be given)."""
     properties: dict[str, Any] = {}
     alternatives: list[dict[str, Any]] = []
     if any(kind in allowed for kind in ("approve", "reject", "edit")):
@@ -49,6 +51,18 @@ def response_schema(allowed: Sequence[str], args_schema: Mapping[str, Any] | Non
         alternatives.append({"required": ["approved"]})
         if "reject" in allowed:
             properties["reason"] = {"type": "string", "maxLength": 4000, "description": "why not (with approved: false); goes back to the model"}
+        if "approve" in allowed and allow_args:
+            properties["allow"] = {
+                "type": "object",
+                "description": "with approved: true (no editedArgs): also allow calls like this one, for ttl_s seconds",
+                "properties": {
+                    "scope": {"enum": ["run", "thread"], "default": "run"},
+                    "args": {"enum": list(allow_args), "default": "same"},
+                    "ttl_s": {"type": "integer", "minimum": 1},
+                },
+                "required": ["ttl_s"],
+                "additionalProperties": False,
+            }
         if "edit" in allowed:
             properties["editedArgs"] = {
                 **(dict(args_schema) if args_schema else {"type": "object"}),
@@ -80,13 +94,15 @@ def agui_interrupts(event: Interrupt, tools: Mapping[str, Tool]) -> list[dict[st
         }
         if request.outcome_unknown:
             tether["outcome_unknown"] = True
+        if config.allow_args:
+            tether["allow_args"] = list(config.allow_args)
         interrupts.append(
             {
                 "id": agui_interrupt_id(event.interrupt_id, request.call_id),
                 "reason": TOOL_CALL_REASON,
                 "message": request.description or request.action,
                 "toolCallId": request.call_id,
-                "responseSchema": response_schema(allowed, tool.json_schema() if tool is not None else None),
+                "responseSchema": response_schema(allowed, tool.json_schema() if tool is not None else None, config.allow_args or ()),
                 "expiresAt": event.expires_at,
                 "metadata": {"tether": tether},
             }
@@ -108,10 +124,13 @@ def _decision(entry: Mapping[str, Any], index: int) -> dict[str, Any]:
         if not isinstance(payload["message"], str):
             raise invalid("message must be a string", "payload", "message")
         return {"decision": "respond", "message": payload["message"]}
+    allow = payload.get("allow")
+    if allow is not None and (approved is not True or payload.get("editedArgs") is not None):
+        raise invalid("allow goes with approved: true and no editedArgs", "payload", "allow")
     if approved is True:
         edited = payload.get("editedArgs")
         if edited is None:
-            return {"decision": "approve"}
+            return {"decision": "approve", **({"allow": allow} if allow is not None else {})}
         if not isinstance(edited, dict):
             raise invalid("editedArgs must be an object (the full replacement of the tool args)", "payload", "editedArgs")
         return {"decision": "edit", "args": edited}

@@ -30,7 +30,8 @@ async def inbox(
 
 @router.post("/v1/interrupts/decide")
 async def decide_many(request: Request, body: DecideMany) -> dict[str, Any]:
-    """Approve or reject every action of each listed interrupt (one reason for all).
+    """Approve or reject every action of each listed interrupt (one reason for all; with
+    ``allow``, each approval also gives that standing approval).
 
     Each interrupt is decided on its own, exactly as ``POST /v1/threads/{id}/resume`` would,
     in the order given: one failing (already decided, expired, not yours) does not stop the
@@ -46,7 +47,7 @@ async def decide_many(request: Request, body: DecideMany) -> dict[str, Any]:
                 interrupt = await access.interrupt_to_decide(found.thread_id, interrupt_id)
             except NotFound:  # missing, or not the caller's to see: the same answer
                 raise NotFound(f"interrupt {interrupt_id!r} not found", code="interrupt_not_found") from None
-            decision: Decision = Reject(reason=body.reason) if body.decision == "reject" else Approve()
+            decision: Decision = Reject(reason=body.reason) if body.decision == "reject" else Approve(allow=body.allow)
             decisions = [decision for _ in interrupt.action_requests]
             run = await runtime.resume(interrupt.thread_id, interrupt_id, decisions, actor=actor_of(request))
             results.append({"interrupt_id": interrupt_id, "status": 200, "run": await load_run_view(access.store, run), "error": None})

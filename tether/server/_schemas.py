@@ -6,7 +6,7 @@ import json
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .. import review
@@ -336,6 +336,14 @@ class DecideMany(BaseModel):
     interrupt_ids: list[Annotated[Text, Field(min_length=1, max_length=64)]] = Field(min_length=1, max_length=100)
     decision: Literal["approve", "reject"]
     reason: Text | None = Field(default=None, max_length=4000)
+    #: With ``approve``: the standing approval every approved action also gives.
+    allow: review.Allow | None = None
+
+    @model_validator(mode="after")
+    def _allow_with_approve(self) -> DecideMany:
+        if self.allow is not None and self.decision != "approve":
+            raise ValueError("allow goes with decision approve only")
+        return self
 
     @field_validator("interrupt_ids")
     @classmethod
