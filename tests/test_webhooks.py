@@ -59,6 +59,8 @@ class Receiver:
         body = b""
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the sender died while sending the body (a killed process): no request was made
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break

@@ -20,8 +20,9 @@ started by one command. The supervisor serves nothing itself:
   start or dies soon after starting does not stop the healthy ones: its slot is restarted with
   exponential backoff (:data:`RESTART_BACKOFF_S` doubling up to :data:`MAX_RESTART_BACKOFF_S`,
   said in the log each time), so a crash loop (the database down for a while, a model file
-  gone) never forks continuously; a worker that served :data:`STABLE_S` resets its slot's
-  backoff;
+  gone) never forks continuously; a worker that served :data:`STABLE_S`, or that served a
+  second and was then killed by a signal from outside (the OOM killer, ``kill -9``), resets its
+  slot's backoff and is replaced at once;
 - on Linux a worker is killed with its supervisor (``PR_SET_PDEATHSIG``): ``kill -9`` of the
   supervisor leaves no worker serving behind it.
 
@@ -67,6 +68,8 @@ RESTART_BACKOFF_S = 0.5
 MAX_RESTART_BACKOFF_S = 30.0
 #: A worker that served this long ended for a reason of its own: its replacement starts at once.
 STABLE_S = 10.0
+#: A worker killed by a signal after serving this long is replaced at once (not a crash loop).
+KILLED_AFTER_S = 1.0
 
 #: What a worker runs: serve on these sockets, calling ``ready()`` once it serves.
 Serve = Callable[[list[socket.socket], Callable[[], None]], None]
@@ -267,7 +270,7 @@ class _Supervisor:
             self._stops += 1
             return
         now = time.monotonic()
-        slot.failures = 0 if served is not None and now - served >= STABLE_S else slot.failures + 1
+        slot.failures = 0 if _did_its_job(served, now, code) else slot.failures + 1
         delay = backoff(slot.failures)
         how = "could not start" if code == STARTUP_FAILED else f"ended ({_how(code)})"
         if delay == 0:
@@ -285,6 +288,17 @@ class _Supervisor:
             if slot.restart_at is not None and slot.restart_at <= now:
                 self._start(slot)
                 click.echo(f"Tether: worker {slot.pid} started (restart {slot.failures} in a row of its slot)", err=True)
+
+
+def _did_its_job(served: float | None, now: float, code: int) -> bool:
+    """Whether a worker's end says nothing of a crash loop: it served :data:`STABLE_S`, or it
+    served a while (:data:`KILLED_AFTER_S`) and was then killed from outside (a signal: the OOM
+    killer, an operator, a chaos test), which a new worker cannot be blamed for in advance. A
+    worker that never served, or that exited by itself soon after serving, counts as a failure."""
+    if served is None:
+        return False
+    lived = now - served
+    return lived >= STABLE_S or (code < 0 and lived >= KILLED_AFTER_S)
 
 
 def _wake(_sig: int, _frame: FrameType | None) -> None:
