@@ -184,7 +184,7 @@ async def test_hard_cancel_during_the_model_stream_keeps_the_partial_answer_flag
 
 async def test_soft_cancel_during_the_model_stream_also_stops_it_at_once(http: httpx.AsyncClient, client: AsyncClient) -> None:
     thread_id = await new_thread(http)
-    run = await start_run(http, thread_id, script({"tokens": 500, "delay_ms": 10}))
+    run = await start_run(http, thread_id, script({"tokens": 3000, "delay_ms": 10}))
 
     seen, stream = await stream_until(client, run["id"], token_counter(5))
     response = await cancel(http, run["id"], "soft")
@@ -195,12 +195,13 @@ async def test_soft_cancel_during_the_model_stream_also_stops_it_at_once(http: h
 
     assert after[-1].type == "cancelled"
     assert after[-1].data["mode"] == "soft"
-    assert elapsed < 2.0, f"the cancelled event took {elapsed:.2f} s; the whole script takes 5 s"
+    # Far below the script's 30 s, with room for a loaded machine: the stream was stopped, not finished.
+    assert elapsed < 10, f"the cancelled event took {elapsed:.2f} s; the whole script takes 30 s"
     log = await settled_log(http, run["id"])
     assert_one_terminal_at_the_end(log)
     assert [Envelope.model_validate(e) for e in log] == seen + after
     streamed = sum(e["type"] == "token" for e in log)
-    assert streamed < 100, f"{streamed} of 500 tokens streamed after a soft cancel"
+    assert streamed < 1000, f"{streamed} of 3000 tokens streamed after a soft cancel"
 
     partial = (await path_messages(http, thread_id))[-1]
     assert partial["id"] == after[-1].data["partial_message_id"]
@@ -248,7 +249,7 @@ async def test_soft_cancel_lets_the_running_tool_finish_and_then_stops(http: htt
 
 async def test_hard_cancel_cancels_the_running_tool_and_runs_its_cleanup(http: httpx.AsyncClient, client: AsyncClient) -> None:
     thread_id = await new_thread(http)
-    run = await start_run(http, thread_id, sleep_then_answer(5))
+    run = await start_run(http, thread_id, sleep_then_answer(30))
     seen, stream = await wait_inside_the_sleep_tool(client, run["id"])
 
     started = time.monotonic()
@@ -257,7 +258,7 @@ async def test_hard_cancel_cancels_the_running_tool_and_runs_its_cleanup(http: h
     seen += [event async for event in stream]
     elapsed = time.monotonic() - started
 
-    assert elapsed < 2.5, f"hard cancel took {elapsed:.2f} s; the 5 s sleep was not cancelled"
+    assert elapsed < 10, f"hard cancel took {elapsed:.2f} s; the 30 s sleep was not cancelled"
     log = await settled_log(http, run["id"])
     terminal = assert_one_terminal_at_the_end(log)
     assert terminal["type"] == "cancelled" and terminal["data"]["mode"] == "hard"
@@ -265,7 +266,7 @@ async def test_hard_cancel_cancels_the_running_tool_and_runs_its_cleanup(http: h
     assert [e["data"]["status"] for e in log if e["type"] == "tool_result"] == ["cancelled"]
     assert types[types.index("tool_result") + 1 :] == ["cancelled"]  # no next model call
     # The tool's finally block ran: it recorded that it did not finish.
-    assert [e["args"] for e in await sleep_effects(http, run["id"])] == [{"seconds": 5.0, "finished": False}]
+    assert [e["args"] for e in await sleep_effects(http, run["id"])] == [{"seconds": 30.0, "finished": False}]
     assert (await http.get(f"/v1/runs/{run['id']}")).json()["status"] == "cancelled"
     tool_message = (await path_messages(http, thread_id))[-1]
     assert tool_message["role"] == "tool" and tool_message["status"] == "cancelled"
@@ -276,7 +277,7 @@ async def test_hard_cancel_cancels_the_running_tool_and_runs_its_cleanup(http: h
 
 async def test_cancel_is_idempotent_while_cancelling_and_hard_upgrades_soft(http: httpx.AsyncClient, client: AsyncClient) -> None:
     thread_id = await new_thread(http)
-    run = await start_run(http, thread_id, sleep_then_answer(5))
+    run = await start_run(http, thread_id, sleep_then_answer(30))
     _, stream = await wait_inside_the_sleep_tool(client, run["id"])
 
     first = await cancel(http, run["id"], "soft", reason="first")
@@ -290,7 +291,7 @@ async def test_cancel_is_idempotent_while_cancelling_and_hard_upgrades_soft(http
     assert upgrade.status_code == 202, upgrade.text
     assert upgrade.json()["cancel"]["mode"] == "hard"
     rest = [event async for event in stream]
-    assert time.monotonic() - started < 2.5, "the upgrade to hard did not cancel the 5 s sleep"
+    assert time.monotonic() - started < 10, "the upgrade to hard did not cancel the 30 s sleep"
 
     assert rest[-1].type == "cancelled" and rest[-1].data["mode"] == "hard"
     assert [e.data["status"] for e in rest if e.type == "tool_result"] == ["cancelled"]
