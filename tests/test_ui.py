@@ -12,9 +12,10 @@ screenshots of the main states, in both colour schemes, at 1200×850 and at 390�
 how the ones in ``docs/ui/`` were made).
 
 Accessibility: the main states (empty, streaming, an approval card, a card of two actions, the
-audit dialog, the mobile drawer) are checked with axe-core in both colour schemes; a serious or
-critical violation fails the test. axe-core comes from the npm registry, installed on first use
-into ``tests/.node/`` (git-ignored) and injected into the page by the test.
+audit dialog, the mobile drawer, "Approve and allow…", the standing approvals dialog) are
+checked with axe-core in both colour schemes; a serious or critical violation fails the test.
+axe-core comes from the npm registry, installed on first use into ``tests/.node/``
+(git-ignored) and injected into the page by the test.
 """
 
 from __future__ import annotations
@@ -1782,3 +1783,111 @@ def test_an_answer_cut_short_says_so_under_it_live_and_after_a_reload(page: Page
     expect(page.locator("#chat .msg.assistant").last.locator(".cut-note")).to_have_count(0)
     send_and_finish(page, script({"text": "la la la la", "cut": "repetition"}))
     expect(page.locator("#chat .msg.assistant").last.locator(".cut-note")).to_have_text("Cut short: the model was repeating itself.")
+
+
+# -- standing approvals ----------------------------------------------------------------------
+
+ALLOWED_LINE = re.compile(r"^✓ Allowed by your approval at \d{1,2}:\d{2}( [AP]M)?, until \d{1,2}:\d{2}( [AP]M)?$")
+
+
+def test_approve_and_allow_from_the_card_then_the_chip_lists_it_a_tool_card_says_so_and_revoke_asks_again(
+    page: Page, server: LiveServer, api: httpx.Client, axe_source: str
+) -> None:
+    open_ui(page, server)
+    card = pending_card(page)
+    chip = page.locator("#allowances-btn")
+    expect(chip).to_be_hidden()  # none yet
+
+    # "Approve and allow…" opens the choice: a refund (destructive) permits the same arguments only.
+    card.locator(".choice-allow").click()
+    choice = card.locator(".allow-choice")
+    expect(choice.get_by_role("radio", name="for the rest of this run")).to_be_focused()
+    expect(choice.locator(".allow-fixed")).to_have_text("With these same arguments only (the tool permits no other).")
+    expect(choice.get_by_role("radio", name="any arguments")).to_have_count(0)
+    summary = choice.locator(".allow-summary")
+    expect(summary).to_contain_text("refund with these same arguments (order_id: A100, amount: 25) will run without asking you, for the rest of this run")
+    choice.get_by_role("radio", name="in this thread (later runs too)").check()
+    choice.get_by_role("radio", name="1 h").check()
+    expect(summary).to_contain_text("will run without asking you, in this thread, later runs too. Anything else is still asked.")
+    assert effects(api, "refund") == [], "nothing runs before the decision is sent"
+    assert_accessible(page, axe_source, "approve and allow")
+    shot(page, "approve-and-allow", card)
+
+    card.locator(".confirm-allow").click()
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    wait_settled(page)
+    thread = thread_id(page)
+    [allowance] = api.get(f"/v1/threads/{thread}/allowances").json()["items"]
+    assert (allowance["tool"], allowance["scope"], allowance["args"], allowance["status"]) == ("refund", "thread", "same", "active")
+    lifetime = time_of(allowance["expires_at"]) - time_of(allowance["created_at"])
+    assert lifetime == 3600
+    expect(chip).to_be_visible()
+    expect(chip).to_have_text("✓ 1 allowed")
+
+    # The same refund again: no card; its tool card says which approval let it through.
+    before = page.evaluate("window.tetherUI.lastRunId")
+    send(page, "refund 25 on order A100")
+    page.wait_for_function("prev => window.tetherUI.lastRunId && window.tetherUI.lastRunId !== prev", arg=before)
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    allowed = page.locator(".tool-card[data-tool=refund] .tool-decision[data-decision=allowed]")
+    expect(allowed).to_have_count(1)
+    expect(allowed).to_have_text(ALLOWED_LINE)
+    wait_settled(page)  # rendered again from the stored messages and the audit log: still says so
+    expect(allowed).to_have_text(ALLOWED_LINE)
+    assert [e["args"] for e in effects(api, "refund")] == [{"order_id": "A100", "amount": 25.0}] * 2
+    decisions = page.locator(".tool-card[data-tool=refund] .tool-decision")
+    expect(decisions).to_have_count(2)
+    expect(decisions.first).to_have_attribute("data-decision", "approve")  # only the first refund asked
+    shot(page, "tool-card-allowed", allowed)
+    page.reload()
+    expect(page.locator("body")).to_have_attribute("data-ready", "true")
+    expect(allowed).to_have_text(ALLOWED_LINE)
+
+    # The chip opens the thread's allowances: what each covers, who gave it, until when, Revoke.
+    chip.click()
+    dialog = page.locator("#allowances")
+    expect(dialog).to_be_visible()
+    entry = dialog.locator(".allowance[data-status=active]")
+    expect(entry).to_have_count(1)
+    expect(entry.locator(".allowance-covers")).to_have_text("Refund with these same arguments (order_id: A100, amount: 25), in this thread, later runs too")
+    expect(entry.locator(".allowance-meta")).to_have_text(re.compile(r"^Given by you at \d{1,2}:\d{2}( [AP]M)? · until \d{1,2}:\d{2}( [AP]M)?$"))
+    revoke = entry.get_by_role("button", name=re.compile("^Revoke: refund with these same arguments"))
+    assert_accessible(page, axe_source, "standing approvals dialog")
+    shot(page, "allowances", dialog)
+    revoke.click()
+    expect(dialog.locator("#allowances-status")).to_have_text("Revoked: refund is asked about again.")
+    expect(dialog.locator(".allowance[data-status=revoked] .allowance-meta")).to_contain_text("revoked by local at ")
+    expect(dialog.locator("#allowances-close")).to_be_focused()
+    expect(chip).to_be_hidden()
+    assert api.get(f"/v1/threads/{thread}/allowances").json()["items"][0]["status"] == "revoked"
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+
+    # Revoked: the same refund asks again.
+    card = pending_card(page)
+    expect(card.locator(".description")).to_have_text("Refund 25 on order A100")
+    assert len(effects(api, "refund")) == 2
+
+
+def test_a_reversible_call_offers_any_arguments_and_the_summary_says_so(page: Page, server: LiveServer, api: httpx.Client) -> None:
+    open_ui(page, server, "?approval_ttl_s=600")
+    page.locator("#settings summary").click()
+    page.locator("#set-threshold").select_option("reversible")
+    card = pending_card(page, "note buy milk")
+    card.locator(".choice-allow").click()
+    choice = card.locator(".allow-choice")
+    choice.get_by_role("radio", name="any arguments").check()
+    choice.get_by_role("radio", name="8 h").check()
+    expect(choice.locator(".allow-summary")).to_contain_text("any write_note call will run without asking you, for the rest of this run")
+    page.keyboard.press("Enter")  # Enter in the choice confirms
+    expect(conn(page)).to_have_attribute("data-state", "completed")
+    [allowance] = api.get(f"/v1/threads/{thread_id(page)}/allowances").json()["items"]
+    assert (allowance["tool"], allowance["scope"], allowance["args"]) == ("write_note", "run", "any")
+    assert time_of(allowance["expires_at"]) - time_of(allowance["created_at"]) == 8 * 3600
+
+
+def time_of(ts: str) -> float:
+    """Seconds since the epoch of a wire timestamp."""
+    from datetime import datetime
+
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()

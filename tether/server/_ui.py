@@ -64,6 +64,7 @@ def render_index() -> str:
   <h1 class="brand">Tether</h1>
   <span id="thread-title" class="thread-title"></span>
   <button type="button" id="rename-btn" class="btn small" aria-label="Rename thread" hidden><span aria-hidden="true">✎</span><span class="wide-only"> Rename</span></button>
+  <button type="button" id="allowances-btn" class="btn small chip" aria-haspopup="dialog" hidden></button>
   <button type="button" id="audit-btn" class="btn small" disabled>Audit log</button>
   <span id="conn" class="conn" role="status" aria-live="polite" data-state="idle">ready</span>
 </header>
@@ -128,6 +129,13 @@ def render_index() -> str:
     <button type="button" id="approvals-reject" class="btn danger" disabled>Reject selected</button>
   </div>
   <p id="approvals-status" class="approvals-status" role="status" aria-live="polite"></p>
+</dialog>
+<dialog id="allowances" class="audit allowances" aria-labelledby="allowances-title" aria-describedby="allowances-about">
+  <div class="audit-head"><h2 id="allowances-title">Standing approvals</h2>
+  <button type="button" id="allowances-close" class="btn small">Close</button></div>
+  <p id="allowances-about" class="hint">Calls these cover run without asking, until they end or are revoked. Everything else is still asked.</p>
+  <div id="allowances-body"></div>
+  <p id="allowances-status" class="approvals-status" role="status" aria-live="polite"></p>
 </dialog>
 <dialog id="rename" class="audit signin rename" aria-labelledby="rename-title">
   <form id="rename-form" novalidate>

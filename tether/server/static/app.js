@@ -15,7 +15,8 @@
  * - `transcript.js`: stored messages → the chat (bubbles, branch switchers, editors);
  * - `tool-card.js`: one tool call (arguments, result, decision);
  * - `live-run.js`: a run followed live, its events → the chat (tokens batched per frame);
- * - `approval-card.js`: the review card of an interrupt;
+ * - `approval-card.js`: the review card of an interrupt; `allow-choice.js`: its "Approve and allow…";
+ * - `allowances.js`: the thread's standing approvals (the header chip and its dialog, tool cards' line);
  * - `approvals.js`: the Approvals view (every pending request you may decide, across threads);
  * - `audit-log.js`: the Audit log dialog; `sign-in.js`: who is signed in, the API key;
  * - `run-timeline.js`: a run's events → its timeline (pure); `timeline-view.js`: the Timeline dialog;
@@ -30,6 +31,7 @@
  * the server's `cancelled` event is "stopped".
  */
 
+import { wireAllowances } from './allowances.js';
 import { ApprovalsView } from './approvals.js';
 import { wireAuditLog } from './audit-log.js';
 import { stop, wireComposer } from './composer.js';
@@ -84,6 +86,7 @@ async function init() {
   els.newThread.addEventListener('click', () => { openThread(null); els.input.focus(); });
   wireAuditLog();
   wireRename();
+  wireAllowances();
   wireTimeline();
   els.approvalsBtn.addEventListener('click', () => app.approvals.open());
   els.signOut.addEventListener('click', signOut);

@@ -14,24 +14,11 @@
  */
 
 import { TetherError } from './tether-client.js';
-import { argsList, button, clock, duration, h, pretty, uid, waitedText } from './dom.js';
+import { AllowChoice, allowedOutcome } from './allow-choice.js';
+import { argsList, button, clock, duration, h, pretty, sourceText, uid, waitedText } from './dom.js';
 
-const DECISION_LABELS = { approve: 'Approve', reject: 'Reject', edit: 'Edit args', respond: 'Respond' };
+const DECISION_LABELS = { approve: 'Approve', allow: 'Approve and allow…', reject: 'Reject', edit: 'Edit args', respond: 'Respond' };
 const DECIDED_LABELS = { approve: 'approved', reject: 'rejected', edit: 'approved with edits', respond: 'answered', expired: 'expired' };
-
-/** Where an MCP tool's tier came from, in words. */
-const RISK_SOURCES = {
-  annotation: 'tier from its annotations',
-  'spec default': 'no annotations, so gated by default',
-  'untrusted server': 'untrusted server, so gated',
-  author: 'tier set by the agent',
-};
-
-function sourceText(action) {
-  const server = action.source.startsWith('mcp:') ? `MCP server ${action.source.slice(4)}` : action.source;
-  const why = RISK_SOURCES[action.risk_source];
-  return why ? `${server} · ${why}` : server;
-}
 
 const isQuestion = (allowed) => allowed.length === 1 && allowed[0] === 'respond';
 
@@ -51,6 +38,8 @@ export class ApprovalCard {
     this.interruptId = interruptId;
     this.actions = actions;
     this.configs = configs.map((c) => (c && c.allowed_decisions) || ['approve', 'reject', 'edit']);
+    /** What a standing approval given with each approval may cover (none: no "Approve and allow…"). */
+    this.allowArgs = configs.map((c) => (c && c.allowed_decisions && c.allowed_decisions.includes('approve') && c.allow_args) || []);
     this.threadId = threadId;
     this.deadline = Date.parse(expiresAt);
     this.createdAt = createdAt;
@@ -116,8 +105,8 @@ export class ApprovalCard {
     row.panel = h('div', { class: 'panel', hidden: true });
     row.choiceButtons = {};
     const controls = h('div', { class: 'decision-buttons', role: 'group', 'aria-label': this._nameFor('Decision', i) || `Decision for ${action.action}` });
-    for (const decision of ['approve', 'reject', 'edit', 'respond']) {
-      if (!allowed.includes(decision)) continue;
+    for (const decision of ['approve', 'allow', 'reject', 'edit', 'respond']) {
+      if (decision === 'allow' ? !this.allowArgs[i].length : !allowed.includes(decision)) continue;
       const props = { 'aria-label': this._nameFor(DECISION_LABELS[decision], i) };
       if (this.multi) props['aria-pressed'] = 'false';
       const b = button(DECISION_LABELS[decision], () => this._choose(i, decision),
@@ -222,6 +211,11 @@ export class ApprovalCard {
       field.addEventListener('input', () => this._clearErrors());
       row.panel.append(h('div', { class: 'hint', id: hintId, text: `Edit the arguments as JSON. Masked values (****) keep their real value.${this.multi ? '' : ' Ctrl+Enter approves.'}` }),
         field, h('div', { class: 'panel-actions' }, confirm('Approve with these args', 'primary confirm-edit'), cancel()));
+    } else if (decision === 'allow') {
+      row.allow = new AllowChoice({ action: this.actions[i], permitted: this.allowArgs[i], name: this._nameFor('Approve and allow', i) });
+      row.allow.el.addEventListener('keydown', keys(true));
+      field = row.allow.first;
+      row.panel.append(row.allow.el, h('div', { class: 'panel-actions' }, confirm('Approve and allow', 'primary confirm-allow'), cancel()));
     } else if (decision === 'respond') {
       field = h('textarea', {
         class: 'response', rows: 2, placeholder: 'Your answer', 'aria-describedby': describedBy,
@@ -297,6 +291,7 @@ export class ApprovalCard {
         return;
       }
       if (choice.decision === 'approve') decisions.push({ decision: 'approve' });
+      else if (choice.decision === 'allow') decisions.push({ decision: 'approve', allow: row.allow.value() });
       else if (choice.decision === 'reject') {
         const reason = row.field ? row.field.value.trim() : '';
         decisions.push(reason ? { decision: 'reject', reason } : { decision: 'reject' });
@@ -442,6 +437,7 @@ export class ApprovalCard {
       if (d.decision === 'reject') text = `✗ rejected${d.reason ? ` — “${d.reason}”` : ''}`;
       if (d.decision === 'respond') text = `answered — “${d.message}”`;
       if (d.decision === 'edit') text = '✓ approved with edits (see the tool card)';
+      if (d.decision === 'approve' && d.allow) text = `✓ approved — ${allowedOutcome(d.allow)}`;
       row.outcomeEl.textContent = text;
     });
   }

@@ -45,6 +45,11 @@ export function clock(ms) {
   return new Date(ms).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 }
 
+/** A moment as hours and minutes in the reader's own format ("14:02", "2:02 PM"). */
+export function hm(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+}
+
 export function duration(seconds) {
   const s = Math.max(0, Math.ceil(seconds));
   return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, '0')}`;
@@ -72,6 +77,20 @@ export function oneLine(value) {
     return Object.entries(value).map(([k, v]) => `${k}: ${plain(v)}`).join(', ');
   }
   return value == null ? '' : plain(value);
+}
+
+/** Where an MCP tool's tier came from, in words: "MCP server shop · tier from its annotations". */
+const RISK_SOURCES = {
+  annotation: 'tier from its annotations',
+  'spec default': 'no annotations, so gated by default',
+  'untrusted server': 'untrusted server, so gated',
+  author: 'tier set by the agent',
+};
+
+export function sourceText(action) {
+  const server = action.source.startsWith('mcp:') ? `MCP server ${action.source.slice(4)}` : action.source;
+  const why = RISK_SOURCES[action.risk_source];
+  return why ? `${server} · ${why}` : server;
 }
 
 /** Arguments as a key/value list (shorter than JSON, and what a reviewer reads). */

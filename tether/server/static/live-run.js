@@ -19,7 +19,9 @@ export class LiveRun {
    * @param {object|null} o.pending the thread's pending_interrupt when read (for the countdown)
    * @param {number} o.readAt       when that was read (ms)
    * @param {object} o.host         the page: `isLive(run)`, `stateChanged(run)`, `finished(run)`,
-   *                                and `thinking` (a Map of reasoning by message id, kept after the run)
+   *                                `allowed(card, allowanceId)` (a call a standing approval let
+   *                                through), `allowancesChanged()` (a decision gave one), and
+   *                                `thinking` (a Map of reasoning by message id, kept after the run)
    */
   constructor(run, { api, pending, readAt, host }) {
     this.api = api;
@@ -130,6 +132,7 @@ export class LiveRun {
       case 'tool_call': {
         const card = new ToolCard({ callId: data.call_id, name: data.name, args: data.args, risk: data.risk, gated: data.gated });
         this.cards.set(data.call_id, card);
+        if (data.allowed_by) this.host.allowed?.(card, data.allowed_by);
         const block = this.currentBlock();
         keepScroll(() => block.cardsEl.append(card.el));
         break;
@@ -146,6 +149,7 @@ export class LiveRun {
         const card = this.approvals.get(data.interrupt_id);
         if (card) card.resolve(data);
         this.showDecisions(data, envelope.ts);
+        if ((data.decisions || []).some((d) => d.allow)) this.host.allowancesChanged?.();
         this.current = null;
         break;
       }

@@ -29,6 +29,8 @@ export const app = {
   readRuns: new Set(),
   /** How each reviewed tool call was decided, by call id (from the thread's audit log). */
   decisions: new Map(),
+  /** The thread's standing approvals by id (`allowances.js`). */
+  allowances: new Map(),
   /** The `error` of each failed run on the path, by run id. */
   runErrors: new Map(),
   /** What to focus after the next render (a CSS selector), when focus would otherwise be lost. */

@@ -157,13 +157,17 @@ export class TetherClient {
   // -- human review ----------------------------------------------------------------------
 
   /**
-   * Decide every action of an interrupt, in order: `{decision: 'approve'}`,
+   * Decide every action of an interrupt, in order: `{decision: 'approve', allow?}`,
    * `{decision: 'reject', reason?}`, `{decision: 'edit', args}`, `{decision: 'respond', message}`.
    * @param {string} threadId @param {string} interruptId @param {Array<Record<string, any>>} decisions
    */
   resume(threadId, interruptId, decisions) {
     return this.request('POST', `/v1/threads/${enc(threadId)}/resume`, { interrupt_id: interruptId, decisions });
   }
+  /** A thread's standing approvals: the active ones first, then the ended ones. @returns {Promise<any[]>} */
+  async listAllowances(threadId) { return (await this.request('GET', `/v1/threads/${enc(threadId)}/allowances`)).items; }
+  /** Revoke a standing approval: the calls it covered are asked about again (in every process). */
+  revokeAllowance(allowanceId) { return this.request('DELETE', `/v1/allowances/${enc(allowanceId)}`); }
   /** The approvals inbox: pending interrupts this caller may decide, soonest expiry first. @returns {Promise<any[]>} */
   async inbox({ limit = 100 } = {}) { return (await this.request('GET', `/v1/interrupts?status=pending&limit=${limit}`)).items; }
   /**

@@ -7,6 +7,7 @@
  */
 
 import { TetherError } from './tether-client.js';
+import { allowedLine, loadAllowances, markAllowed } from './allowances.js';
 import { renderChat } from './chat.js';
 import { showLiveState, updateControls } from './controls.js';
 import { LiveRun, compareWithServer } from './live-run.js';
@@ -21,6 +22,8 @@ import { openTimeline } from './timeline-view.js';
 const liveHost = {
   thinking: app.thinking,
   isLive: (live) => app.live === live,
+  allowed: (card, allowanceId) => { markAllowed(card, allowanceId).catch(() => {}); },
+  allowancesChanged: () => { loadAllowances(app.threadId).catch(() => {}); },
   stateChanged: (live) => showLiveState(live),
   finished: (live) => {
     showStatus(null);
@@ -35,13 +38,15 @@ const liveHost = {
 
 /**
  * What the chat shows besides the messages, read once per thread load: decisions from the
- * audit log, and from each finished run's event log its reasoning and, if it failed, its error.
+ * audit log (and the standing approvals calls ran under), and from each finished run's event
+ * log its reasoning and, if it failed, its error.
  */
 async function readExtras(threadId, messages, liveRunId) {
   const runIds = [...new Set(messages.filter((m) => m.run_id && m.role === 'assistant').map((m) => m.run_id))]
     .filter((id) => id !== liveRunId && !app.readRuns.has(id));
   const [audit] = await Promise.all([
     api.audit({ threadId }).catch(() => null), // who decided is a detail: the chat works without it
+    loadAllowances(threadId).catch(() => {}),
     ...runIds.map((runId) => readRunLog(runId).catch(() => {})),
   ]);
   if (!audit) return;
@@ -55,6 +60,8 @@ async function readExtras(threadId, messages, liveRunId) {
       });
     } else if (entry.action === 'expired') {
       app.decisions.set(entry.call_id, { decision: 'expired', actor: entry.actor, ts: entry.ts });
+    } else if (entry.action === 'allowed') {
+      app.decisions.set(entry.call_id, { decision: 'allowed', line: allowedLine(app.allowances.get((entry.details || {}).allowance_id)) });
     }
   }
 }
@@ -137,6 +144,7 @@ export async function openThread(threadId, { history = 'push' } = {}) {
     closeLive();
     app.path = [];
     app.decisions = new Map();
+    app.allowances = new Map();
     setConn('idle');
     showStatus(null);
     clearError();
@@ -146,6 +154,7 @@ export async function openThread(threadId, { history = 'push' } = {}) {
   closeSidebar();
   if (!threadId) {
     app.thread = null;
+    loadAllowances(null);
     showThreadTitle(null);
     els.auditBtn.disabled = true;
     renderChat(messageActions);

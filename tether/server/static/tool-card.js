@@ -93,7 +93,8 @@ export class ToolCard {
 
   /**
    * How a human (or the clock) decided this call: `{decision, actor?, ts?, reason?, message?,
-   * original?, edited?}`, decision one of approve, edit, reject, respond, expired.
+   * original?, edited?}`, decision one of approve, edit, reject, respond, expired; or `allowed`
+   * with its `line`: a standing approval let it run without asking.
    */
   setDecision(d) {
     this.decision = d;
@@ -117,6 +118,7 @@ export class ToolCard {
     } else if (d.decision === 'reject') line = `✗ Rejected${who}${at}${d.reason ? ` — “${d.reason}”` : ''}`;
     else if (d.decision === 'respond') line = `↩ Answered${who}${at}${d.message ? ` — “${d.message}”` : ''}`;
     else if (d.decision === 'expired') line = `✗ Expired${when ? ` at ${when}` : ''} — not executed: nobody decided in time`;
+    else if (d.decision === 'allowed') line = d.line; // ran under a standing approval (allowances.js)
     else line = `${d.decision}${who}${at}`;
     this.decisionEl.hidden = false;
     this.decisionEl.dataset.decision = d.decision;
