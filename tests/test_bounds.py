@@ -292,10 +292,14 @@ async def test_a_long_thread_pages_both_views_and_the_model_gets_the_newest_turn
             try:
                 parent = None
                 for n in range(250):
-                    record = MessageRecord(f"msg_{n:05d}", thread["id"], parent, None, "user" if n % 2 == 0 else "assistant", f"m{n}")
+                    record = MessageRecord(
+                        id=f"msg_{n:05d}", thread_id=thread["id"], parent_id=parent, run_id=None, role="user" if n % 2 == 0 else "assistant", content=f"m{n}"
+                    )
                     await store.add_message(record)
                     parent = record.id
-                fork = await store.add_message(MessageRecord("msg_fork", thread["id"], "msg_00247", None, "assistant", "fork"))
+                fork = await store.add_message(
+                    MessageRecord(id="msg_fork", thread_id=thread["id"], parent_id="msg_00247", run_id=None, role="assistant", content="fork")
+                )
                 await store.move_active_leaf(thread["id"], "msg_00249")
                 whole_tree = [m.id for m in await store.thread_messages(thread["id"])]
             finally:

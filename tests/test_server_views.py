@@ -14,7 +14,7 @@ T0_TEXT = "2026-11-30T20:00:00.123456Z"
 
 
 def test_a_thread_view_has_the_documented_fields_in_order() -> None:
-    thread = ThreadRecord("thr_1", "alice", {"k": 1}, "msg_2", T0, "Refunds")
+    thread = ThreadRecord(id="thr_1", owner="alice", metadata={"k": 1}, active_leaf_id="msg_2", created_at=T0, title="Refunds")
     assert thread_view(thread, active_run_id="run_1", pending_interrupt={"id": "int_1"}) == {
         "id": "thr_1",
         "owner": "alice",
@@ -38,7 +38,20 @@ def test_a_thread_view_has_the_documented_fields_in_order() -> None:
 
 
 def test_a_run_view_shows_its_status_as_the_stored_string_and_its_cancel_request() -> None:
-    run = RunRecord("run_1", "thr_1", RunStatus.CANCELLING, {"max_steps": 3}, "msg_1", T0, T0, None, None, "soft", "stop", "alice")
+    run = RunRecord(
+        id="run_1",
+        thread_id="thr_1",
+        status=RunStatus.CANCELLING,
+        config={"max_steps": 3},
+        input_message_id="msg_1",
+        created_at=T0,
+        started_at=T0,
+        ended_at=None,
+        error=None,
+        cancel_mode="soft",
+        cancel_reason="stop",
+        cancel_actor="alice",
+    )
     view = run_view(run)
     assert view == {
         "id": "run_1",
@@ -56,11 +69,31 @@ def test_a_run_view_shows_its_status_as_the_stored_string_and_its_cancel_request
         "pending_interrupt": None,
     }
     assert type(view["status"]) is str
-    assert run_view(RunRecord("run_2", "thr_1", RunStatus.QUEUED, {}, None, T0, None, None, None, None, None, None))["cancel"] is None
+    assert (
+        run_view(
+            RunRecord(
+                id="run_2",
+                thread_id="thr_1",
+                status=RunStatus.QUEUED,
+                config={},
+                input_message_id=None,
+                created_at=T0,
+                started_at=None,
+                ended_at=None,
+                error=None,
+                cancel_mode=None,
+                cancel_reason=None,
+                cancel_actor=None,
+            )
+        )["cancel"]
+        is None
+    )
 
 
 def test_a_message_view_places_the_message_among_its_siblings() -> None:
-    message = MessageRecord("msg_2", "thr_1", "msg_0", None, "assistant", "hi", created_at=T0, edited_from_id="msg_1")
+    message = MessageRecord(
+        id="msg_2", thread_id="thr_1", parent_id="msg_0", run_id=None, role="assistant", content="hi", created_at=T0, edited_from_id="msg_1"
+    )
     view = message_view(message, sibling_ids=["msg_1", "msg_2"])
     assert view == {
         "id": "msg_2",
@@ -84,7 +117,20 @@ def test_a_message_view_places_the_message_among_its_siblings() -> None:
 
 
 def test_a_queued_steering_message_view_names_its_run_and_thread() -> None:
-    run = RunRecord("run_1", "thr_1", RunStatus.RUNNING, {}, "msg_1", T0, T0, None, None, None, None, None)
+    run = RunRecord(
+        id="run_1",
+        thread_id="thr_1",
+        status=RunStatus.RUNNING,
+        config={},
+        input_message_id="msg_1",
+        created_at=T0,
+        started_at=T0,
+        ended_at=None,
+        error=None,
+        cancel_mode=None,
+        cancel_reason=None,
+        cancel_actor=None,
+    )
     assert queued_message_view("msg_9", run, "shorter") == {
         "id": "msg_9",
         "run_id": "run_1",
@@ -130,7 +176,22 @@ def test_an_interrupt_view_hides_the_parked_turn_and_counts_the_wait() -> None:
 
 
 def test_an_audit_entry_view_has_every_field_of_the_audit_log() -> None:
-    entry = AuditEntry("decision", "bob", "thr_1", "run_1", "int_1", "call_1", "refund", "sha256:ab", "approve", None, "accepted", None, id="aud_1", ts=T0)
+    entry = AuditEntry(
+        action="decision",
+        actor="bob",
+        thread_id="thr_1",
+        run_id="run_1",
+        interrupt_id="int_1",
+        call_id="call_1",
+        tool="refund",
+        args_digest="sha256:ab",
+        decision="approve",
+        reason=None,
+        outcome="accepted",
+        details=None,
+        id="aud_1",
+        ts=T0,
+    )
     assert audit_entry_view(entry) == {
         "id": "aud_1",
         "ts": T0_TEXT,

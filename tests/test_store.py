@@ -184,7 +184,18 @@ async def leave(
         make_event=lambda run_id, seq: stored(
             run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="decided" if to_status == "resolved" else "expired", decisions=decisions)
         ),
-        audit_entries=[AuditEntry("decision", actor, interrupt.thread_id, interrupt.run_id, interrupt.id, "call_1", "refund", decision=verdict)],
+        audit_entries=[
+            AuditEntry(
+                action="decision",
+                actor=actor,
+                thread_id=interrupt.thread_id,
+                run_id=interrupt.run_id,
+                interrupt_id=interrupt.id,
+                call_id="call_1",
+                tool="refund",
+                decision=verdict,
+            )
+        ],
     )
 
 
@@ -193,7 +204,9 @@ async def event_types(store: Store, run_id: str) -> list[str]:
 
 
 def message(thread: ThreadRecord, parent: MessageRecord | None, role: str, content: str, at: datetime, **fields: Any) -> MessageRecord:
-    return MessageRecord(new_id("msg"), thread.id, parent.id if parent else None, None, role, content, created_at=at, **fields)
+    return MessageRecord(
+        id=new_id("msg"), thread_id=thread.id, parent_id=parent.id if parent else None, run_id=None, role=role, content=content, created_at=at, **fields
+    )
 
 
 # -- migrations --------------------------------------------------------------------------------
@@ -408,7 +421,7 @@ async def test_of_twenty_concurrent_runs_on_one_thread_exactly_one_is_created(st
 async def test_after_its_run_finishes_the_thread_accepts_a_new_run_continuing_the_path(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
     run, u1, _ = await start_run(store, thread, "first")
-    a1 = await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "answer"))
+    a1 = await store.add_message(MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=u1.id, run_id=run.id, role="assistant", content="answer"))
     assert await finish(store, run.id)
     assert await store.active_run_ids([thread.id]) == {}
     second, u2, _ = await start_run(store, thread, "second")
@@ -419,8 +432,8 @@ async def test_after_its_run_finishes_the_thread_accepts_a_new_run_continuing_th
 async def test_a_run_with_an_explicit_parent_forks_the_thread_and_none_starts_a_new_root(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
     run, u1, _ = await start_run(store, thread, "first")
-    a1 = await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "answer"))
-    await store.add_message(MessageRecord(new_id("msg"), thread.id, a1.id, None, "user", "follow-up"))
+    a1 = await store.add_message(MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=u1.id, run_id=run.id, role="assistant", content="answer"))
+    await store.add_message(MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=a1.id, run_id=None, role="user", content="follow-up"))
     assert await finish(store, run.id)
 
     fork, forked, _ = await start_run(store, thread, "instead", parent_id=a1.id, use_active_leaf=False)
@@ -436,7 +449,7 @@ async def test_a_run_with_an_explicit_parent_forks_the_thread_and_none_starts_a_
 async def test_a_run_without_content_regenerates_from_an_existing_user_message(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
     run, u1, _ = await start_run(store, thread, "question")
-    await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "answer one"))
+    await store.add_message(MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=u1.id, run_id=run.id, role="assistant", content="answer one"))
     assert await finish(store, run.id)
     count = len(await store.thread_messages(thread.id))
 
@@ -452,7 +465,9 @@ async def test_invalid_parents_and_missing_input_are_refused_and_write_nothing(s
     elsewhere = await store.create_thread(owner="alice")
     run, u1, _ = await start_run(store, thread, "question")
     calls = [{"id": "call_1", "name": "lookup", "args": {"q": "x"}}]
-    a1 = await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "", tool_calls=calls))
+    a1 = await store.add_message(
+        MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=u1.id, run_id=run.id, role="assistant", content="", tool_calls=calls)
+    )
     assert await finish(store, run.id)
     _, foreign, _ = await start_run(store, elsewhere, "other thread")
     before = await store.thread_messages(thread.id)
@@ -495,7 +510,7 @@ async def test_finish_run_from_a_status_not_allowed_returns_false_and_writes_not
 async def test_mark_running_writes_the_start_its_status_event_and_first_answer_together_or_nothing(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
     run, user, _ = await start_run(store, thread)
-    answer = MessageRecord(new_id("msg"), thread.id, user.id, run.id, "assistant", "", status="partial")
+    answer = MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=user.id, run_id=run.id, role="assistant", content="", status="partial")
     announce = stored(run.id, 2, Status(stage="model", detail=None))
     assert await store.mark_running(run.id, announce=announce, message=answer)
     assert (await store.get_run(run.id)).status == "running"
@@ -507,7 +522,7 @@ async def test_mark_running_writes_the_start_its_status_event_and_first_answer_t
     await finish(store, run.id)
     second, second_user, _ = await start_run(store, thread)
     await store.request_cancel(second.id, mode="soft", reason=None, actor="alice")
-    late = MessageRecord(new_id("msg"), thread.id, second_user.id, second.id, "assistant", "", status="partial")
+    late = MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=second_user.id, run_id=second.id, role="assistant", content="", status="partial")
     assert not await store.mark_running(second.id, announce=stored(second.id, 2, Status(stage="model", detail=None)), message=late)
     assert (await store.get_run(second.id)).status == "cancelling" and await store.last_seq(second.id) == 1
     assert late.id not in {m.id for m in await store.thread_messages(thread.id)}
@@ -533,10 +548,10 @@ async def test_finish_run_appends_events_before_then_the_final_event_with_the_st
 async def test_finish_run_stores_the_last_turn_with_the_end_or_not_at_all(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
     run, user, _ = await start_run(store, thread)
-    answer = MessageRecord(new_id("msg"), thread.id, user.id, run.id, "assistant", "", status="partial")
+    answer = MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=user.id, run_id=run.id, role="assistant", content="", status="partial")
     assert await store.mark_running(run.id, message=answer)
     await store.request_cancel(run.id, mode="soft", reason=None, actor="alice")
-    turn = TurnOutcome(answer.id, "half an ans", "cancelled", input_tokens=7, output_tokens=3)
+    turn = TurnOutcome(message_id=answer.id, content="half an ans", status="cancelled", input_tokens=7, output_tokens=3)
     # From a status not allowed nothing is written, the turn neither.
     assert not await store.finish_run(
         run.id, status="completed", final_event=stored(run.id, 2, Done(message_id=None)), from_statuses=("running",), last_turn=turn
@@ -556,11 +571,11 @@ async def test_an_executor_ends_a_running_run_with_the_cancel_request_in_one_wri
     the audit entry, the terminal event and the stopped turn; from any other status nothing."""
     thread = await store.create_thread(owner="alice")
     run, user, _ = await start_run(store, thread)
-    answer = MessageRecord(new_id("msg"), thread.id, user.id, run.id, "assistant", "", status="partial")
+    answer = MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=user.id, run_id=run.id, role="assistant", content="", status="partial")
     assert await store.mark_running(run.id, message=answer)
-    request = CancelRequest("hard", "wrong order", "alice")
-    entry = AuditEntry("cancel", "alice", thread.id, run.id, reason="wrong order", outcome="cancelled", details={"mode": "hard"})
-    turn = TurnOutcome(answer.id, "half", "cancelled", input_tokens=5, output_tokens=1)
+    request = CancelRequest(mode="hard", reason="wrong order", actor="alice")
+    entry = AuditEntry(action="cancel", actor="alice", thread_id=thread.id, run_id=run.id, reason="wrong order", outcome="cancelled", details={"mode": "hard"})
+    turn = TurnOutcome(message_id=answer.id, content="half", status="cancelled", input_tokens=5, output_tokens=1)
 
     async def end(of_run: RunRecord) -> bool:
         final = stored(of_run.id, await store.last_seq(of_run.id) + 1, Cancelled(mode="hard", reason="wrong order", actor="alice"))
@@ -1028,30 +1043,60 @@ async def test_latest_interrupt_is_the_most_recent_of_its_run(store: Store) -> N
 
 async def test_audit_entries_list_oldest_first_filtered_by_thread_and_run(store: Store) -> None:
     await store.add_audit([])
-    await store.add_audit([AuditEntry("cancel", "alice", "thr_a", "run_1", reason="stop", outcome="cancelling", details={"mode": "soft"})])
+    await store.add_audit(
+        [AuditEntry(action="cancel", actor="alice", thread_id="thr_a", run_id="run_1", reason="stop", outcome="cancelling", details={"mode": "soft"})]
+    )
     await store.add_audit(
         [
-            AuditEntry("decision", "bob", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", "approve", None, "accepted"),
-            AuditEntry("tool_executed", "system", "thr_a", "run_2", "int_1", "call_1", "refund", "sha256:ab", outcome="ok"),
+            AuditEntry(
+                action="decision",
+                actor="bob",
+                thread_id="thr_a",
+                run_id="run_2",
+                interrupt_id="int_1",
+                call_id="call_1",
+                tool="refund",
+                args_digest="sha256:ab",
+                decision="approve",
+                reason=None,
+                outcome="accepted",
+            ),
+            AuditEntry(
+                action="tool_executed",
+                actor="system",
+                thread_id="thr_a",
+                run_id="run_2",
+                interrupt_id="int_1",
+                call_id="call_1",
+                tool="refund",
+                args_digest="sha256:ab",
+                outcome="ok",
+            ),
         ]
     )
-    await store.add_audit([AuditEntry("expired", "system", "thr_b", "run_3", "int_2", "call_9", "delete", decision="expired")])
+    await store.add_audit(
+        [
+            AuditEntry(
+                action="expired", actor="system", thread_id="thr_b", run_id="run_3", interrupt_id="int_2", call_id="call_9", tool="delete", decision="expired"
+            )
+        ]
+    )
 
     entries = await store.list_audit()
     assert [e.action for e in entries] == ["cancel", "decision", "tool_executed", "expired"]
     assert entries[1] == AuditEntry(
-        "decision",
-        "bob",
-        "thr_a",
-        "run_2",
-        "int_1",
-        "call_1",
-        "refund",
-        "sha256:ab",
-        "approve",
-        None,
-        "accepted",
-        None,
+        action="decision",
+        actor="bob",
+        thread_id="thr_a",
+        run_id="run_2",
+        interrupt_id="int_1",
+        call_id="call_1",
+        tool="refund",
+        args_digest="sha256:ab",
+        decision="approve",
+        reason=None,
+        outcome="accepted",
+        details=None,
         id=entries[1].id,
         ts=entries[1].ts,
     )
@@ -1114,7 +1159,9 @@ async def test_an_edited_version_of_an_assistant_message_becomes_its_active_sibl
     thread = await store.create_thread(owner="alice")
     run, u1, _ = await start_run(store, thread, "question")
     calls = [{"id": "c1", "name": "lookup", "args": {}}]
-    a1 = await store.add_message(MessageRecord(new_id("msg"), thread.id, u1.id, run.id, "assistant", "wrong", tool_calls=calls))
+    a1 = await store.add_message(
+        MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=u1.id, run_id=run.id, role="assistant", content="wrong", tool_calls=calls)
+    )
     with pytest.raises(ThreadBusy):
         await store.add_edited_version(a1.id, "during the run")
     assert await finish(store, run.id)
@@ -1163,7 +1210,15 @@ async def test_json_columns_round_trip_nested_values_identically(store: Store) -
     run, _, _ = await start_run(store, thread, config={"config": NESTED})
     assert await store.mark_running(run.id)
     assistant = await store.add_message(
-        MessageRecord(new_id("msg"), thread.id, run.input_message_id, run.id, "assistant", "", tool_calls=[{"id": "c", "name": "t", "args": NESTED}])
+        MessageRecord(
+            id=new_id("msg"),
+            thread_id=thread.id,
+            parent_id=run.input_message_id,
+            run_id=run.id,
+            role="assistant",
+            content="",
+            tool_calls=[{"id": "c", "name": "t", "args": NESTED}],
+        )
     )
     nested_action = ActionRequest(call_id="c", action="t", args=NESTED, description="d", risk="destructive")
     nested_turn = ParkedTurn(calls=(ParkedCall(id="c", name="t", args=NESTED, gated=True, result=NESTED),))
@@ -1179,7 +1234,7 @@ async def test_json_columns_round_trip_nested_values_identically(store: Store) -
         turn=decided_turn,
         actor="bob",
         make_event=lambda run_id, seq: stored(run_id, seq, Status(stage="thinking")),
-        audit_entries=[AuditEntry("decision", "bob", details=NESTED)],
+        audit_entries=[AuditEntry(action="decision", actor="bob", details=NESTED)],
     )
     assert await store.finish_run(
         run.id,

@@ -1720,7 +1720,9 @@ def test_the_browser_and_the_server_derive_the_same_timeline_from_the_same_logs(
         for event in events:
             if builder.wants(event["type"]):
                 builder.add(event["type"], event["ts"], event["data"])
-        entries = [AuditEntry(e["action"], e["actor"], details=e["details"], ts=datetime.fromisoformat(e["ts"].replace("Z", "+00:00"))) for e in audit]
+        entries = [
+            AuditEntry(action=e["action"], actor=e["actor"], details=e["details"], ts=datetime.fromisoformat(e["ts"].replace("Z", "+00:00"))) for e in audit
+        ]
         served = builder.finish(cancel_requests(entries), now)
         derived = page.evaluate(
             "async ([events, audit, now]) => (await import('/static/run-timeline.js')).buildTimeline(events, audit, now)", [events, audit, now]

@@ -389,7 +389,17 @@ class Runtime:
         except Forbidden:
             # The interrupt stays pending; the attempt itself is on record.
             refused = [
-                AuditEntry("decision", actor, thread_id, interrupt.run_id, interrupt_id, c.id, c.name, decision=d.decision, outcome="refused_four_eyes")
+                AuditEntry(
+                    action="decision",
+                    actor=actor,
+                    thread_id=thread_id,
+                    run_id=interrupt.run_id,
+                    interrupt_id=interrupt_id,
+                    call_id=c.id,
+                    tool=c.name,
+                    decision=d.decision,
+                    outcome="refused_four_eyes",
+                )
                 for c, d in zip(gated, normalised, strict=True)
             ]
             await self.store.add_audit(refused)
@@ -411,14 +421,14 @@ class Runtime:
             public.append(shown)
             entries.append(
                 AuditEntry(
-                    "decision",
-                    actor,
-                    thread_id,
-                    interrupt.run_id,
-                    interrupt_id,
-                    call.id,
-                    call.name,
-                    args_digest(tool.mask(call.args) if tool is not None else asked.get(call.id, {})),
+                    action="decision",
+                    actor=actor,
+                    thread_id=thread_id,
+                    run_id=interrupt.run_id,
+                    interrupt_id=interrupt_id,
+                    call_id=call.id,
+                    tool=call.name,
+                    args_digest=args_digest(tool.mask(call.args) if tool is not None else asked.get(call.id, {})),
                     decision=decision.decision,
                     reason=decision.reason if isinstance(decision, Reject) else None,
                     outcome="accepted",
@@ -472,7 +482,15 @@ class Runtime:
                 ),
                 audit_entries=[
                     AuditEntry(
-                        "expired", "system", interrupt.thread_id, interrupt.run_id, interrupt.id, c.id, c.name, decision="expired", outcome="not_executed"
+                        action="expired",
+                        actor="system",
+                        thread_id=interrupt.thread_id,
+                        run_id=interrupt.run_id,
+                        interrupt_id=interrupt.id,
+                        call_id=c.id,
+                        tool=c.name,
+                        decision="expired",
+                        outcome="not_executed",
                     )
                     for c in gated
                 ],

@@ -364,7 +364,7 @@ class Cancels:
         if signalled is not None and signalled.cancel.streaming:
             # A run streaming its answer (the usual case) ends in the write that records the
             # request; if that did not apply (a request came first, a fault), record it below.
-            if await signalled.cancel.hand_over(CancelRequest(mode, reason, actor)):
+            if await signalled.cancel.hand_over(CancelRequest(mode=mode, reason=reason, actor=actor)):
                 return await self._store.get_run(run_id)
         if signalled is not None and not signalled.parked:
             # One hop: the model stops generating now; the executor ends the run only once the
@@ -382,7 +382,7 @@ class Cancels:
             executor.cancel.signal(recorded)
         elif executed_elsewhere(self._store, record):
             # Another live process executes it: tell that one (its lease keeper also re-checks the store).
-            await self._store.send_control(CancelControl(run_id, recorded))
+            await self._store.send_control(CancelControl(run_id=run_id, mode=recorded))
         elif run_id in self.resumes:  # a resume here is committing: it deals with the cancel
             self.resumes.cancel_came(run_id, record)
         elif run_id not in self._finishing:

@@ -125,7 +125,9 @@ class ModelCalls:
     def new_answer(self) -> MessageRecord:
         """The (empty, partial) assistant message of the next model turn, child of the leaf."""
         seg = self._segment
-        return MessageRecord(new_id("msg"), seg.run.thread_id, seg.leaf_id, seg.run.id, "assistant", "", status="partial")
+        return MessageRecord(
+            id=new_id("msg"), thread_id=seg.run.thread_id, parent_id=seg.leaf_id, run_id=seg.run.id, role="assistant", content="", status="partial"
+        )
 
     def _announce_retry(self, attempt: int, delay: float, error: ModelError) -> None:
         seg = self._segment
@@ -150,4 +152,12 @@ class ModelCalls:
     def _outcome(
         message_id: str, usage: Usage, *, content: str, status: str, tool_calls: list[dict[str, Any]] | None = None, finish_reason: FinishReason | None = None
     ) -> TurnOutcome:
-        return TurnOutcome(message_id, content, status, usage.input_tokens, usage.output_tokens, tool_calls, finish_reason)
+        return TurnOutcome(
+            message_id=message_id,
+            content=content,
+            status=status,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            tool_calls=tool_calls,
+            finish_reason=finish_reason,
+        )

@@ -83,7 +83,7 @@ class Segment:
             await self.events.wait_for_idle()  # their ``user_message`` events first
         while self.steering:
             message_id, content = self.steering.pop(0)
-            record = MessageRecord(message_id, self.run.thread_id, self.leaf_id, self.run.id, "user", content)
+            record = MessageRecord(id=message_id, thread_id=self.run.thread_id, parent_id=self.leaf_id, run_id=self.run.id, role="user", content=content)
             await self.store.add_message(record)
             self.leaf_id = record.id
             history.append(ChatMessage("user", content))

@@ -111,7 +111,7 @@ class Takeover:
         try:
             released = await self._store.release_runs(run_ids)
             if released:
-                await self._store.send_control(ReleasedControl(tuple(released)))
+                await self._store.send_control(ReleasedControl(run_ids=tuple(released)))
                 log.info("released %d run(s) for another process, or the next start, to take over", len(released))
         except Exception as exc:
             # Their leases then lapse as if this process had died: the takeover only waits longer.

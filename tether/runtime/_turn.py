@@ -153,12 +153,12 @@ class CallItem:
         """The tool message (what the model reads next) of the settled call."""
         assert self.status is not None, "an unsettled call has no message"
         return MessageRecord(
-            new_id("msg"),
-            thread_id,
-            parent_id,
-            run_id,
-            "tool",
-            tool_message_content(self.status, self.result, self.error, self.reason),
+            id=new_id("msg"),
+            thread_id=thread_id,
+            parent_id=parent_id,
+            run_id=run_id,
+            role="tool",
+            content=tool_message_content(self.status, self.result, self.error, self.reason),
             tool_call_id=self.id,
             name=self.name,
             status="cancelled" if self.status == "cancelled" else "complete",
@@ -252,7 +252,7 @@ def turn_messages(calls: list[CallItem], steering: list[tuple[str, str]], *, thr
         records.append(call.message(thread_id=thread_id, run_id=run_id, parent_id=parent_id))
         parent_id = records[-1].id
     for message_id, content in steering:
-        records.append(MessageRecord(message_id, thread_id, parent_id, run_id, "user", content))
+        records.append(MessageRecord(id=message_id, thread_id=thread_id, parent_id=parent_id, run_id=run_id, role="user", content=content))
         parent_id = message_id
     return records
 

@@ -33,7 +33,7 @@ __all__ = ["AuthMode", "Authenticate", "LOCAL", "PUBLIC_PATHS", "principal_of", 
 AuthMode = Literal["open", "keys"]
 
 #: The one principal of ``open`` mode.
-LOCAL = Principal("local", frozenset(ROLES))
+LOCAL = Principal(name="local", roles=frozenset(ROLES))
 
 #: Paths any client may fetch without a key (nothing in them is about anyone).
 PUBLIC_PATHS = frozenset({"/healthz", "/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})

@@ -113,7 +113,7 @@ class Idempotency:
             if not message.get("more_body"):
                 break
         principal = getattr(scope.get(_SCOPE_KEY), "name", "") or ""
-        ident = KeyIdent(principal, scope["path"][:300], key)
+        ident = KeyIdent(principal=principal, route=scope["path"][:300], key=key)
         digest = hashlib.sha256(body).hexdigest()
         store: Store = scope["app"].state.store
         claim = await store.claim_idempotency_key(ident, digest, lease_s=LEASE_S)

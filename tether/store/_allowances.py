@@ -219,7 +219,11 @@ class AllowanceStore(StoreBase):
         )
         async with self._point_reading() as conn:
             row = (await conn.execute(query)).first()
-        return None if row is None else Found(allowance_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))
+        return (
+            None
+            if row is None
+            else Found(record=allowance_record(row), thread_id=row.thread_id, owner=row.tether_owner, reviewable=bool(row.tether_reviewable))
+        )
 
     async def revoke_allowance(self, allowance_id: str, *, actor: str, now: datetime) -> bool:
         """Revoke an active allowance: from this write on, no gate in any process finds it.

@@ -37,7 +37,7 @@ KEY_RETENTION = timedelta(hours=24)
 Creates = Literal["thread", "run"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KeyIdent:
     """A key as scoped: the principal, the route and the key itself."""
 
@@ -46,7 +46,7 @@ class KeyIdent:
     key: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KeyClaim:
     """This request holds the key."""
 
@@ -58,7 +58,7 @@ class KeyClaim:
     resource: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SeenKey:
     """A key another request holds or answered."""
 
@@ -123,7 +123,14 @@ def _ident(ident: KeyIdent) -> list[Any]:
 
 
 def _record(row: Any) -> SeenKey:
-    return SeenKey(row.body_hash, row.state, row.status_code, row.content_type, row.response, row.lease_expires_at)
+    return SeenKey(
+        body_hash=row.body_hash,
+        state=row.state,
+        status_code=row.status_code,
+        content_type=row.content_type,
+        response=row.response,
+        lease_expires_at=row.lease_expires_at,
+    )
 
 
 class IdempotencyStore(StoreBase):
@@ -151,7 +158,7 @@ class IdempotencyStore(StoreBase):
                         )
                         if taken.rowcount != 1:
                             continue  # another request took it over first: read its row again
-                        return KeyClaim(ident, holder, row.resource)
+                        return KeyClaim(ident=ident, holder=holder, resource=row.resource)
                     if row is not None:  # past its retention
                         await conn.execute(t.delete().where(*_ident(ident)))
                     await conn.execute(
@@ -167,7 +174,7 @@ class IdempotencyStore(StoreBase):
                             lease_expires_at=lease,
                         )
                     )
-                    return KeyClaim(ident, holder)
+                    return KeyClaim(ident=ident, holder=holder)
             except IntegrityError:
                 continue  # another request inserted it first: read its row
         async with self._reading() as conn:

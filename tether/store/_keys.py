@@ -79,7 +79,9 @@ class KeyStore(StoreBase):
         canonical = _check_roles(roles)
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         now = utcnow()
-        record = KeyRecord(new_id("key"), name, canonical, key[:11], now, None, expires_at, None)
+        record = KeyRecord(
+            id=new_id("key"), name=name, roles=canonical, prefix=key[:11], created_at=now, last_used_at=None, expires_at=expires_at, revoked_at=None
+        )
         async with self._writing() as conn:
             await conn.execute(
                 api_keys.insert().values(
@@ -92,7 +94,7 @@ class KeyStore(StoreBase):
                     expires_at=expires_at,
                 )
             )
-            entry = AuditEntry("key_created", actor, outcome="created", details=_key_details(record))
+            entry = AuditEntry(action="key_created", actor=actor, outcome="created", details=_key_details(record))
             await conn.execute(audit.insert(), [entry.values()])
         return record, key
 
@@ -113,7 +115,7 @@ class KeyStore(StoreBase):
                 return []
             await conn.execute(api_keys.update().where(api_keys.c.id.in_([r.id for r in rows])).values(revoked_at=now))
             revoked = [key_record(r) for r in rows]
-            entries = [AuditEntry("key_revoked", actor, outcome="revoked", details=_key_details(k)).values() for k in revoked]
+            entries = [AuditEntry(action="key_revoked", actor=actor, outcome="revoked", details=_key_details(k)).values() for k in revoked]
             await conn.execute(audit.insert(), entries)
         return revoked
 

@@ -24,7 +24,7 @@ __all__ = ["Found", "LookupStore"]
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Found(Generic[R]):
     """A resource and what its visibility depends on."""
 
@@ -64,7 +64,7 @@ class LookupStore(StoreBase):
         """A thread, its owner and whether it has interrupts; None if missing."""
         async with self._point_reading() as conn:
             row = (await conn.execute(_THREAD_QUERY, {"row_id": thread_id})).first()
-        return None if row is None else Found(thread_record(row), row.id, row.owner, bool(row.tether_reviewable))
+        return None if row is None else Found(record=thread_record(row), thread_id=row.id, owner=row.owner, reviewable=bool(row.tether_reviewable))
 
     async def find_thread_to_start(self, thread_id: str, *, requested_by: str) -> tuple[Found[ThreadRecord] | None, int]:
         """:meth:`find_thread`, and how many runs ``requested_by`` has busy
@@ -74,7 +74,7 @@ class LookupStore(StoreBase):
             row = (await conn.execute(_THREAD_TO_START_QUERY, {"row_id": thread_id, "requested_by": requested_by})).first()
         if row is None:
             return None, 0
-        return Found(thread_record(row), row.id, row.owner, bool(row.tether_reviewable)), int(row.tether_busy_runs)
+        return Found(record=thread_record(row), thread_id=row.id, owner=row.owner, reviewable=bool(row.tether_reviewable)), int(row.tether_busy_runs)
 
     async def find_run(self, run_id: str) -> Found[RunRecord] | None:
         """A run, its thread's owner and whether that thread has interrupts; None if missing."""
@@ -89,4 +89,4 @@ class LookupStore(StoreBase):
         thread has interrupts, in one query."""
         async with self._point_reading() as conn:
             row = (await conn.execute(_IN_THREAD_QUERIES[table.name], {"row_id": row_id})).first()
-        return None if row is None else Found(to_record(row), row.thread_id, row.tether_owner, bool(row.tether_reviewable))
+        return None if row is None else Found(record=to_record(row), thread_id=row.thread_id, owner=row.tether_owner, reviewable=bool(row.tether_reviewable))

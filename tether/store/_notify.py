@@ -80,7 +80,7 @@ def parse_events_payload(payload: str) -> EventsNotice:
     return EventsNotice(origin, runs)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CancelControl:
     """A cancel of ``run_id``, recorded already: for the process executing the run."""
 
@@ -88,7 +88,7 @@ class CancelControl:
     mode: CancelMode
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReleasedControl:
     """A stopping process gave up its claims on ``run_ids``: take them over now."""
 
@@ -124,7 +124,7 @@ def parse_control_payload(payload: str) -> ControlNotice | None:
     origin = data.get("origin")
     origin = origin if isinstance(origin, str) else None
     if data.get("kind") == "cancel" and isinstance(data.get("run_id"), str):
-        return ControlNotice(origin, CancelControl(data["run_id"], cancel_mode_of(str(data.get("mode"))) or "soft"))
+        return ControlNotice(origin, CancelControl(run_id=data["run_id"], mode=cancel_mode_of(str(data.get("mode"))) or "soft"))
     if data.get("kind") == "released" and isinstance(data.get("run_ids"), list):
-        return ControlNotice(origin, ReleasedControl(tuple(str(r) for r in data["run_ids"])))
+        return ControlNotice(origin, ReleasedControl(run_ids=tuple(str(r) for r in data["run_ids"])))
     return None

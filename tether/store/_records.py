@@ -84,7 +84,7 @@ ACTIVE_RUN_STATUSES = tuple(status for status in RunStatus if status not in TERM
 EXECUTOR_RUN_STATUSES = tuple(status for status in ACTIVE_RUN_STATUSES if status is not RunStatus.WAITING_HUMAN)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnOutcome:
     """A model turn's final state: its assistant message's content and status, its tool calls,
     and the tokens its call consumed (added to the run's usage)."""
@@ -99,7 +99,7 @@ class TurnOutcome:
     finish_reason: FinishReason | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CancelRequest:
     """A cancel request as the run records it: its mode, why, who asked, and when."""
 
@@ -112,7 +112,16 @@ class CancelRequest:
 
     def audit_entry(self, thread_id: str, run_id: str, *, outcome: str) -> AuditEntry:
         """The request's ``cancel`` audit entry; ``outcome`` is what it did to the run."""
-        return AuditEntry("cancel", self.actor, thread_id, run_id, reason=self.reason, outcome=outcome, details={"mode": self.mode}, ts=self.requested_at)
+        return AuditEntry(
+            action="cancel",
+            actor=self.actor,
+            thread_id=thread_id,
+            run_id=run_id,
+            reason=self.reason,
+            outcome=outcome,
+            details={"mode": self.mode},
+            ts=self.requested_at,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,7 +152,7 @@ class Regenerate:
 Attach = AtLeaf | Fork | Regenerate
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ThreadRecord:
     """A thread row."""
 
@@ -216,7 +225,7 @@ class RunFailure:
         return {"code": self.code, "message": self.message}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunRecord:
     """A run row."""
 
@@ -249,7 +258,7 @@ class RunRecord:
         return self.status in TERMINAL_RUN_STATUSES
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MessageRecord:
     """A message row (a node of the thread's message tree)."""
 
@@ -306,7 +315,7 @@ class InterruptRecord:
 ROLES = ("user", "approver", "admin")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Principal:
     """Who is calling: a name and roles."""
 
@@ -328,7 +337,7 @@ class Principal:
         return self.has("approver")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KeyRecord:
     """An API key as stored: everything but the key (only its hash is kept, and never returned)."""
 
@@ -344,14 +353,14 @@ class KeyRecord:
     @property
     def principal(self) -> Principal:
         """The principal the key stands for."""
-        return Principal(self.name, frozenset(self.roles))
+        return Principal(name=self.name, roles=frozenset(self.roles))
 
     def usable(self, now: datetime) -> bool:
         """True unless revoked or expired at ``now``."""
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AuditEntry:
     """One audit log entry (fields that do not apply are None).
 
@@ -405,7 +414,9 @@ def args_digest(args: Any) -> str:
 
 def thread_record(row: Any) -> ThreadRecord:
     """A :class:`ThreadRecord` from a ``threads`` row."""
-    return ThreadRecord(row.id, row.owner, row.metadata or {}, row.active_leaf_id, as_utc(row.created_at), row.title)
+    return ThreadRecord(
+        id=row.id, owner=row.owner, metadata=row.metadata or {}, active_leaf_id=row.active_leaf_id, created_at=as_utc(row.created_at), title=row.title
+    )
 
 
 def cancel_mode_of(value: str | None) -> CancelMode | None:

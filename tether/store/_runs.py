@@ -52,7 +52,7 @@ __all__ = ["RunStore", "CreatedRun"]
 _CANCELLABLE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_HUMAN)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CreatedRun:
     """A run as :meth:`RunStore.create_run` created it: ``queued``, or already ``running``."""
 
@@ -117,7 +117,22 @@ class RunStore(EventStore):
             lease = self._lease_values()
             status = RunStatus.RUNNING if running else RunStatus.QUEUED
             started_at = now if running else None
-            run = RunRecord(run_id, thread_id, status, config, message.id, now, started_at, None, None, None, None, None, **lease, requested_by=requested_by)
+            run = RunRecord(
+                id=run_id,
+                thread_id=thread_id,
+                status=status,
+                config=config,
+                input_message_id=message.id,
+                created_at=now,
+                started_at=started_at,
+                ended_at=None,
+                error=None,
+                cancel_mode=None,
+                cancel_reason=None,
+                cancel_actor=None,
+                **lease,
+                requested_by=requested_by,
+            )
             try:
                 # The first write of the transaction: if the partial unique index refuses it,
                 # nothing else has been written and the whole transaction rolls back.
@@ -153,7 +168,7 @@ class RunStore(EventStore):
             await self._write_events(conn, run_id, written)
             # Under an Idempotency-Key: the key names this run, or the whole start rolls back.
             await record_created(conn, "run", run_id)
-            return CreatedRun(run, message, written, first_turn)
+            return CreatedRun(run=run, input=message, events=written, first_turn=first_turn)
 
     async def _create_run_at_leaf_postgres(
         self, *, thread_id: str, content: str, config: dict[str, Any], owner: str | None, requested_by: str | None, running: bool, run_id: str | None
@@ -202,9 +217,24 @@ class RunStore(EventStore):
             raise
         if row is None:  # no such thread (or not ``owner``'s): nothing was written
             raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
-        message = MessageRecord(message_id, thread_id, row[0], run_id, "user", content, created_at=now)
-        run = RunRecord(run_id, thread_id, status, config, message_id, now, started_at, None, None, None, None, None, **lease, requested_by=requested_by)
-        return CreatedRun(run, message, written, first_turn)
+        message = MessageRecord(id=message_id, thread_id=thread_id, parent_id=row[0], run_id=run_id, role="user", content=content, created_at=now)
+        run = RunRecord(
+            id=run_id,
+            thread_id=thread_id,
+            status=status,
+            config=config,
+            input_message_id=message_id,
+            created_at=now,
+            started_at=started_at,
+            ended_at=None,
+            error=None,
+            cancel_mode=None,
+            cancel_reason=None,
+            cancel_actor=None,
+            **lease,
+            requested_by=requested_by,
+        )
+        return CreatedRun(run=run, input=message, events=written, first_turn=first_turn)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -316,7 +346,7 @@ class RunStore(EventStore):
                 row = (await conn.execute(runs.select().where(runs.c.id == run_id))).first()
             record = run_record(row) if row is not None else None
             if audited and record is not None and not record.terminal:
-                entry = CancelRequest(mode, reason, actor).audit_entry(record.thread_id, run_id, outcome="cancelling")
+                entry = CancelRequest(mode=mode, reason=reason, actor=actor).audit_entry(record.thread_id, run_id, outcome="cancelling")
                 await conn.execute(audit.insert(), [entry.values()])
         if record is None:
             raise NotFound(f"run {run_id!r} not found", code="run_not_found")
@@ -390,7 +420,9 @@ def _first_writes(run_id: str, thread_id: str, input_id: str, now: datetime, *, 
         return written, None
     announce = Envelope.wrap(run_id, 2, Status(stage="model", detail=None), now)
     written.append(StoredEvent(2, announce.type, announce.to_json()))
-    return written, MessageRecord(new_id("msg"), thread_id, input_id, run_id, "assistant", "", status="partial", created_at=now)
+    return written, MessageRecord(
+        id=new_id("msg"), thread_id=thread_id, parent_id=input_id, run_id=run_id, role="assistant", content="", status="partial", created_at=now
+    )
 
 
 #: :meth:`RunStore.create_run` of a new message after the active leaf, on PostgreSQL, as one
@@ -478,7 +510,7 @@ async def _input_of(conn: Writing, attach: Attach, thread_id: str, active_leaf_i
         case AtLeaf(content=content):
             # A new message after the active leaf needs nothing of the leaf: the thread only ever
             # points at its own messages.
-            return MessageRecord(new_id("msg"), thread_id, active_leaf_id, run_id, "user", content, created_at=now)
+            return MessageRecord(id=new_id("msg"), thread_id=thread_id, parent_id=active_leaf_id, run_id=run_id, role="user", content=content, created_at=now)
         case Fork(content=content, parent_id=parent_id):
             parent = await message_in_thread(parent_id)
             if parent is not None and await splits_a_tool_turn(conn, parent):
@@ -487,7 +519,7 @@ async def _input_of(conn: Writing, attach: Attach, thread_id: str, active_leaf_i
                     code="invalid_parent",
                     fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
                 )
-            return MessageRecord(new_id("msg"), thread_id, parent_id, run_id, "user", content, created_at=now)
+            return MessageRecord(id=new_id("msg"), thread_id=thread_id, parent_id=parent_id, run_id=run_id, role="user", content=content, created_at=now)
         case Regenerate(message_id=message_id):
             answered = await message_in_thread(message_id if message_id is not None else active_leaf_id)
             if answered is None or answered.role != "user":

@@ -65,7 +65,7 @@ class TreeStore(StoreBase):
         threads), :class:`~tether.errors.Conflict` ``thread_exists`` if it is taken. Without a
         ``title`` the thread takes one from its first message."""
         now = utcnow()
-        record = ThreadRecord(thread_id or new_id("thr"), owner, dict(metadata or {}), None, now, title)
+        record = ThreadRecord(id=thread_id or new_id("thr"), owner=owner, metadata=dict(metadata or {}), active_leaf_id=None, created_at=now, title=title)
         try:
             async with self._writing() as conn:
                 await conn.execute(
@@ -270,12 +270,12 @@ class TreeStore(StoreBase):
                 fields=[FieldError(("message_id",), f"message role is {original.role}", "role")],
             )
         edited = MessageRecord(
-            new_id("msg"),
-            original.thread_id,
-            original.parent_id,
-            None,
-            "assistant",
-            content,
+            id=new_id("msg"),
+            thread_id=original.thread_id,
+            parent_id=original.parent_id,
+            run_id=None,
+            role="assistant",
+            content=content,
             status="complete",
             edited_from_id=original.id,
         )
