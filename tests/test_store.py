@@ -46,6 +46,7 @@ from tether.store import (
     RunFailure,
     RunRecord,
     Store,
+    StoredCall,
     StoredEvent,
     ThreadRecord,
     TurnOutcome,
@@ -464,7 +465,7 @@ async def test_invalid_parents_and_missing_input_are_refused_and_write_nothing(s
     thread = await store.create_thread(owner="alice")
     elsewhere = await store.create_thread(owner="alice")
     run, u1, _ = await start_run(store, thread, "question")
-    calls = [{"id": "call_1", "name": "lookup", "args": {"q": "x"}}]
+    calls = (StoredCall(id="call_1", name="lookup", args={"q": "x"}),)
     a1 = await store.add_message(
         MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=u1.id, run_id=run.id, role="assistant", content="", tool_calls=calls)
     )
@@ -1118,7 +1119,7 @@ async def test_add_message_appends_to_the_tree_and_moves_the_active_leaf(store: 
     thread = await store.create_thread(owner="alice")
     base = utcnow()
     u1 = await store.add_message(message(thread, None, "user", "hi", base))
-    a1 = await store.add_message(message(thread, u1, "assistant", "hello", base + timedelta(seconds=1), tool_calls=[{"id": "c", "name": "t", "args": {}}]))
+    a1 = await store.add_message(message(thread, u1, "assistant", "hello", base + timedelta(seconds=1), tool_calls=(StoredCall(id="c", name="t", args={}),)))
     t1 = await store.add_message(message(thread, a1, "tool", "42", base + timedelta(seconds=2), tool_call_id="c", name="t"))
     assert (await store.get_thread(thread.id)).active_leaf_id == t1.id
     assert await store.get_message(t1.id) == t1
@@ -1158,7 +1159,7 @@ async def test_set_active_leaf_switches_to_the_deepest_newest_leaf_of_a_branch(s
 async def test_an_edited_version_of_an_assistant_message_becomes_its_active_sibling(store: Store) -> None:
     thread = await store.create_thread(owner="alice")
     run, u1, _ = await start_run(store, thread, "question")
-    calls = [{"id": "c1", "name": "lookup", "args": {}}]
+    calls = (StoredCall(id="c1", name="lookup", args={}),)
     a1 = await store.add_message(
         MessageRecord(id=new_id("msg"), thread_id=thread.id, parent_id=u1.id, run_id=run.id, role="assistant", content="wrong", tool_calls=calls)
     )
@@ -1185,7 +1186,7 @@ async def test_update_message_changes_only_what_it_is_given(store: Store) -> Non
     m = await store.add_message(message(thread, None, "assistant", "", utcnow(), status="partial"))
     await store.update_message(m.id, content="streamed text")
     assert (await store.get_message(m.id)).content == "streamed text"
-    calls = [{"id": "c1", "name": "refund", "args": {"order_id": "42", "amount": 12.5}}]
+    calls = (StoredCall(id="c1", name="refund", args={"order_id": "42", "amount": 12.5}),)
     await store.update_message(m.id, status="complete", tool_calls=calls)
     updated = await store.get_message(m.id)
     assert (updated.content, updated.status, updated.tool_calls) == ("streamed text", "complete", calls)
@@ -1217,7 +1218,7 @@ async def test_json_columns_round_trip_nested_values_identically(store: Store) -
             run_id=run.id,
             role="assistant",
             content="",
-            tool_calls=[{"id": "c", "name": "t", "args": NESTED}],
+            tool_calls=(StoredCall(id="c", name="t", args=NESTED),),
         )
     )
     nested_action = ActionRequest(call_id="c", action="t", args=NESTED, description="d", risk="destructive")
@@ -1249,7 +1250,7 @@ async def test_json_columns_round_trip_nested_values_identically(store: Store) -
         "metadata": ((await store.get_thread(thread.id)).metadata, NESTED),
         "config": ((await store.get_run(run.id)).config, {"config": NESTED}),
         "error": ((await store.get_run(run.id)).error.message, json.dumps(NESTED, ensure_ascii=False)),  # type: ignore[union-attr]
-        "tool_calls": ((await store.get_message(assistant.id)).tool_calls, [{"id": "c", "name": "t", "args": NESTED}]),
+        "tool_calls": ((await store.get_message(assistant.id)).tool_calls[0].args, NESTED),  # type: ignore[index]
         "action_requests": (interrupt.action_requests[0].args, NESTED),
         "turn": (interrupt.turn.calls[0].args, NESTED),
         "turn result": (interrupt.turn.calls[0].result, NESTED),

@@ -49,9 +49,9 @@ def agui_messages(path: Sequence[MessageRecord]) -> list[dict[str, Any]]:
             if m.tool_calls:
                 message["toolCalls"] = [
                     {
-                        "id": c["id"],
+                        "id": c.id,
                         "type": "function",
-                        "function": {"name": c["name"], "arguments": json.dumps(c.get("args", {}), ensure_ascii=False, separators=(",", ":"))},
+                        "function": {"name": c.name, "arguments": json.dumps(c.args, ensure_ascii=False, separators=(",", ":"))},
                     }
                     for c in m.tool_calls
                 ]

@@ -26,12 +26,13 @@ from ..agent import Agent
 from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, RunNotActive
 from ..events import CancelMode, Resumed, format_ts
 from ..models import Usage
-from ..review import Decision, Edit, Expired, Reject
-from ..store import Attach, AuditEntry, CancelControl, ControlMessage, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store, args_digest
+from ..review import Decision, Expired
+from ..store import Attach, AuditEntry, CancelControl, ControlMessage, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store
 from ._allowances import DEFAULT_MAX_ALLOWANCE_TTL_S, grants
 from ._bus import LocalBus, Subscription
 from ._cancel import Cancels
 from ._config import RunConfig
+from ._decisions import decided, refused_entries
 from ._eventlog import stored_event
 from ._follow import FellBehind, RunFeed, StreamEnded, follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
@@ -388,53 +389,12 @@ class Runtime:
             check_four_eyes(self.agent.tools, self.four_eyes, interrupt.action_requests, normalised, decider=actor, requester=interrupt.requested_by)
         except Forbidden:
             # The interrupt stays pending; the attempt itself is on record.
-            refused = [
-                AuditEntry(
-                    action="decision",
-                    actor=actor,
-                    thread_id=thread_id,
-                    run_id=interrupt.run_id,
-                    interrupt_id=interrupt_id,
-                    call_id=c.id,
-                    tool=c.name,
-                    decision=d.decision,
-                    outcome="refused_four_eyes",
-                )
-                for c, d in zip(gated, normalised, strict=True)
-            ]
-            await self.store.add_audit(refused)
+            await self.store.add_audit(refused_entries(interrupt, gated, normalised, actor=actor))
             raise
         # Standing approvals asked for with approvals: checked with the rest (422 changes nothing),
         # written by the transaction that resolves the interrupt.
         allowances = grants(self.agent.tools, self.four_eyes, interrupt, gated, normalised, actor=actor, now=now, max_ttl_s=self.max_allowance_ttl_s)
-        public: list[Decision] = []
-        entries: list[AuditEntry] = []
-        asked = {r.call_id: r.args for r in interrupt.action_requests}
-        for call, decision in zip(gated, normalised, strict=True):
-            call.decision = decision
-            tool = self.agent.tools.get(call.name)  # None: gone since it was asked (only reject is allowed)
-            shown: Decision = decision
-            details: dict[str, Any] | None = None
-            if isinstance(decision, Edit) and tool is not None:
-                shown = decision.model_copy(update={"args": tool.mask(decision.args)})
-                details = {"original_args": tool.mask(call.args), "edited_args": shown.args}
-            public.append(shown)
-            entries.append(
-                AuditEntry(
-                    action="decision",
-                    actor=actor,
-                    thread_id=thread_id,
-                    run_id=interrupt.run_id,
-                    interrupt_id=interrupt_id,
-                    call_id=call.id,
-                    tool=call.name,
-                    args_digest=args_digest(tool.mask(call.args) if tool is not None else asked.get(call.id, {})),
-                    decision=decision.decision,
-                    reason=decision.reason if isinstance(decision, Reject) else None,
-                    outcome="accepted",
-                    details=details,
-                )
-            )
+        public, entries = decided(self.agent.tools, interrupt, gated, normalised, actor=actor)
         run_id = interrupt.run_id
         self._cancels.resumes.begin(run_id)
         try:

@@ -25,7 +25,7 @@ def to_chat_messages(path: list[MessageRecord]) -> list[ChatMessage]:
     for m in path:
         if m.role == "assistant" and m.status in ("cancelled", "failed", "partial") and not m.content and not m.tool_calls:
             continue
-        calls = tuple(ToolCallRequest(c["id"], c["name"], c.get("args", {})) for c in (m.tool_calls or ()))
+        calls = tuple(ToolCallRequest(c.id, c.name, c.args) for c in (m.tool_calls or ()))
         content = model_view(m.content) if m.role == "tool" else m.content
         history.append(ChatMessage(m.role, content, calls, m.tool_call_id, m.name))  # type: ignore[arg-type]  # roles are checked by the store
     return history

@@ -16,14 +16,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._ids import new_id
 from ..errors import ModelError
 from ..events import RunError, Status
 from ..models import AnswerCut, FinishReason, ModelRequest, TextDelta, ThinkingDelta, ToolCallRequest, ToolCallStart, Usage
 from ..models._output import ATTEMPTS, stream_checked
-from ..store import MessageRecord, TurnOutcome
+from ..store import MessageRecord, StoredCall, TurnOutcome
 from ._storable import describe_exception, storable_request, storable_text
 from ._turn import ModelTurn, announcements, gate_calls, json_safe, masked_args
 
@@ -107,7 +107,7 @@ class ModelCalls:
             await self._allowances.cover(calls)  # standing approvals, read from the store now
         for announcement in announcements(seg.agent.tools, message.id, requests, calls):
             seg.events.emit(announcement)
-        stored_calls = [{"id": r.id, "name": r.name, "args": json_safe(masked_args(seg.agent.tools.get(r.name), r.args))} for r in requests]
+        stored_calls = tuple(StoredCall(id=r.id, name=r.name, args=json_safe(masked_args(seg.agent.tools.get(r.name), r.args))) for r in requests)
         # An answer cut short is still the answer (what the user read), marked as cut; a turn with
         # calls is no cut answer (a call cut short never arrives: ``model_output_invalid``).
         finish_reason = None if requests else cut
@@ -150,7 +150,7 @@ class ModelCalls:
 
     @staticmethod
     def _outcome(
-        message_id: str, usage: Usage, *, content: str, status: str, tool_calls: list[dict[str, Any]] | None = None, finish_reason: FinishReason | None = None
+        message_id: str, usage: Usage, *, content: str, status: str, tool_calls: tuple[StoredCall, ...] | None = None, finish_reason: FinishReason | None = None
     ) -> TurnOutcome:
         return TurnOutcome(
             message_id=message_id,

@@ -23,13 +23,13 @@ equals their logged tokens and whose tool calls were all announced, and logged t
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal
 
-from ..events import Done, Status
+from ..events import Done, Status, ToolCall, ToolResult
 from ..models import ChatMessage
 from ..review import Approve, Edit, Expired, Reject, Respond
-from ..store import MessageRecord, Store
-from ..tools import RISK_ORDER, Risk
+from ..store import MessageRecord, Store, StoredCall
+from ..tools import Risk
 from ._end import Stop
 from ._turn import CallItem
 
@@ -46,11 +46,11 @@ class LoggedRun:
     def __init__(self) -> None:
         #: Token texts per assistant message.
         self.tokens: dict[str, list[str]] = {}
-        #: ``tool_call`` data per assistant message (in order) and per call id.
-        self.calls: dict[str, list[dict[str, Any]]] = {}
-        self.announced: dict[str, dict[str, Any]] = {}
-        #: ``tool_result`` data per call id.
-        self.results: dict[str, dict[str, Any]] = {}
+        #: ``tool_call`` events per assistant message (in order) and per call id.
+        self.calls: dict[str, list[ToolCall]] = {}
+        self.announced: dict[str, ToolCall] = {}
+        #: ``tool_result`` events per call id.
+        self.results: dict[str, ToolResult] = {}
 
     @classmethod
     async def read(cls, store: Store, run_id: str) -> LoggedRun:
@@ -66,11 +66,13 @@ class LoggedRun:
                 if stored.type == "token":
                     logged.tokens.setdefault(data["message_id"], []).append(data["text"])
                 elif stored.type == "tool_call":
-                    logged.announced[data["call_id"]] = data
-                    if data.get("message_id"):
-                        logged.calls.setdefault(data["message_id"], []).append(data)
+                    call = ToolCall.model_validate(data)
+                    logged.announced[call.call_id] = call
+                    if call.message_id:
+                        logged.calls.setdefault(call.message_id, []).append(call)
                 else:
-                    logged.results[data["call_id"]] = data
+                    result = ToolResult.model_validate(data)
+                    logged.results[result.call_id] = result
         return logged
 
     def text_of(self, message_id: str) -> str:
@@ -82,7 +84,7 @@ class LoggedRun:
         return (
             message.status in ("complete", "cancelled")
             and message.content == self.text_of(message.id)
-            and all(c["id"] in self.announced for c in message.tool_calls or ())
+            and all(c.id in self.announced for c in message.tool_calls or ())
         )
 
 
@@ -118,7 +120,7 @@ class CheckpointRecovery:
         )
         if turn is not None:
             answered = {m.tool_call_id for m in path[turn + 1 :] if m.role == "tool"}
-            missing = [c for c in path[turn].tool_calls or () if c["id"] not in answered]
+            missing = [c for c in path[turn].tool_calls or () if c.id not in answered]
             if missing and await self._recover_calls(missing, logged):
                 return Stop.WAITING
         return await seg.history_at(seg.leaf_id)
@@ -133,7 +135,7 @@ class CheckpointRecovery:
         text = logged.text_of(last.id)
         announced = logged.calls.get(last.id)
         if announced:  # its stream had ended and its calls were announced: complete per the log
-            calls = [{"id": c["call_id"], "name": c["name"], "args": c["args"]} for c in announced]
+            calls = tuple(StoredCall(id=c.call_id, name=c.name, args=c.args) for c in announced)
             await seg.store.update_message(last.id, content=text, status="complete", tool_calls=calls)
             return None
         if seg.cancel.requested:  # the run ends here: its partial answer stays, flagged
@@ -145,7 +147,7 @@ class CheckpointRecovery:
         await seg.store.move_active_leaf(seg.run.thread_id, path[-1].id if path else None)
         return last.id
 
-    async def _recover_calls(self, missing: list[dict[str, Any]], logged: LoggedRun) -> bool:
+    async def _recover_calls(self, missing: list[StoredCall], logged: LoggedRun) -> bool:
         """Settle the calls a dead process left without a stored result; True if parked."""
         seg = self._segment
         latest = await seg.store.latest_interrupt(seg.run.id)
@@ -154,19 +156,19 @@ class CheckpointRecovery:
         to_run: list[CallItem] = []
         to_review: list[CallItem] = []
         for missed in missing:
-            tool = seg.agent.tools.get(missed["name"])
-            real = known.get(missed["id"])
-            call = CallItem(missed["id"], missed["name"], real.args if real else missed["args"], decision=real.decision if real else None)
+            tool = seg.agent.tools.get(missed.name)
+            real = known.get(missed.id)
+            call = CallItem(missed.id, missed.name, real.args if real else missed.args, decision=real.decision if real else None)
             call.risk = (real.risk if real else None) or announced_tier(logged.announced.get(call.id))
             calls.append(call)
             args_known = real is not None or (tool is not None and not tool.sensitive_args)
             announced = logged.announced.get(call.id)
             if call.id in logged.results:  # finished and announced before the crash
-                data = logged.results[call.id]
-                call.settle(data["status"], result=data.get("result"), error=data.get("error"), reason=data.get("reason"))
+                done = logged.results[call.id]
+                call.settle(done.status, result=done.result, error=done.error, reason=done.reason)
                 continue
-            may_have_run = isinstance(call.decision, Approve | Edit) or not (announced or {}).get("gated")
-            if tool is None and announced is not None and announced.get("risk") != "read_only" and may_have_run:
+            may_have_run = isinstance(call.decision, Approve | Edit) or announced is None or not announced.gated
+            if tool is None and announced is not None and announced.risk != "read_only" and may_have_run:
                 # Its tool is gone now (an MCP server not up again after the restart), and it may
                 # have run: its outcome is unknown, and it is never run again on its own.
                 call.settle("unknown", reason=f"the server stopped while this ran, and {call.name!r} is not available now; its outcome is unknown")
@@ -180,7 +182,7 @@ class CheckpointRecovery:
             elif args_known:
                 call.gated = True
                 # Gated and never put to a human: it never ran, so it goes to review as usual.
-                call.outcome_unknown = not (real is None and announced is not None and announced.get("gated"))
+                call.outcome_unknown = not (real is None and announced is not None and announced.gated)
                 to_review.append(call)
                 continue
             else:  # its real arguments were never stored (sensitive, ungated): cannot be re-run
@@ -193,7 +195,6 @@ class CheckpointRecovery:
         return False
 
 
-def announced_tier(announced: dict[str, Any] | None) -> Risk | None:
+def announced_tier(announced: ToolCall | None) -> Risk | None:
     """The tier a call's ``tool_call`` event gave it (computed then from its arguments)."""
-    tier = (announced or {}).get("risk")
-    return cast("Risk", tier) if tier in RISK_ORDER else None
+    return announced.risk if announced is not None else None

@@ -15,6 +15,7 @@ from typing import Any
 from .._ids import utcnow
 from ..events import format_ts
 from ..store import AuditEntry, InterruptRecord, MessageRecord, RunRecord, RunStatus, RunUsage, Store, ThreadRecord
+from ..store._records import calls_json
 
 __all__ = [
     "thread_view",
@@ -80,7 +81,7 @@ def message_view(message: MessageRecord, *, sibling_ids: Sequence[str] | None = 
         "run_id": message.run_id,
         "role": message.role,
         "content": message.content,
-        "tool_calls": message.tool_calls,
+        "tool_calls": calls_json(message.tool_calls),
         "tool_call_id": message.tool_call_id,
         "name": message.name,
         "status": message.status,

@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 from .._ids import as_utc, new_id, utcnow
 from ..events import CancelMode, FinishReason
 from ..review import DECISIONS, ActionRequest, Decision, ParkedTurn, ReviewConfig
+from ._values import AtLeaf, Attach, CallUsage, Fork, Regenerate, RunFailure, RunUsage, StoredCall, calls_json, calls_of
 
 __all__ = [
     "Attach",
@@ -35,6 +36,9 @@ __all__ = [
     "CallUsage",
     "RunFailure",
     "MessageRecord",
+    "StoredCall",
+    "calls_of",
+    "calls_json",
     "InterruptRecord",
     "AuditEntry",
     "Principal",
@@ -94,7 +98,7 @@ class TurnOutcome:
     status: str
     input_tokens: int
     output_tokens: int
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: tuple[StoredCall, ...] | None = None
     #: An answer cut short: why (stored as the message's ``finish_reason``).
     finish_reason: FinishReason | None = None
 
@@ -125,34 +129,6 @@ class CancelRequest:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AtLeaf:
-    """How a run attaches: a new user message after the thread's active leaf (the usual turn)."""
-
-    content: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fork:
-    """How a run attaches: a new user message as a child of ``parent_id`` (``None``: a new root,
-    an edit of the first message); a sibling branch when that is not the active leaf."""
-
-    content: str
-    parent_id: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Regenerate:
-    """How a run attaches: an answer to the existing user message ``message_id`` again (``None``:
-    the active leaf), a sibling of its earlier answers."""
-
-    message_id: str | None = None
-
-
-#: How a run's input attaches to its thread's message tree, chosen once at the edge.
-Attach = AtLeaf | Fork | Regenerate
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class ThreadRecord:
     """A thread row."""
 
@@ -163,66 +139,6 @@ class ThreadRecord:
     created_at: datetime
     #: Given, renamed, or taken from the first message; None until one of these.
     title: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallUsage:
-    """The tokens one model call of a run consumed."""
-
-    message_id: str
-    input_tokens: int
-    output_tokens: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunUsage:
-    """The tokens a run's model calls consumed: totals, and one entry per call."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    calls: tuple[CallUsage, ...] = ()
-
-    @classmethod
-    def from_json(cls, data: Any) -> RunUsage | None:
-        """The ``runs.usage`` column's JSON as a record (None when there is none)."""
-        if not isinstance(data, dict):
-            return None
-        calls = tuple(
-            CallUsage(message_id=str(c["message_id"]), input_tokens=int(c.get("input_tokens", 0)), output_tokens=int(c.get("output_tokens", 0)))
-            for c in data.get("calls", [])
-        )
-        return cls(input_tokens=int(data.get("input_tokens", 0)), output_tokens=int(data.get("output_tokens", 0)), calls=calls)
-
-    def add(self, call: CallUsage) -> RunUsage:
-        """These totals with one more call."""
-        return RunUsage(input_tokens=self.input_tokens + call.input_tokens, output_tokens=self.output_tokens + call.output_tokens, calls=(*self.calls, call))
-
-    def to_json(self) -> dict[str, Any]:
-        """``{"input_tokens", "output_tokens", "calls": [{"message_id", "input_tokens", "output_tokens"}, …]}``."""
-        return {
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "calls": [{"message_id": c.message_id, "input_tokens": c.input_tokens, "output_tokens": c.output_tokens} for c in self.calls],
-        }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunFailure:
-    """Why a run failed: its ``error`` event's ``code`` and ``message``."""
-
-    code: str
-    message: str
-
-    @classmethod
-    def from_json(cls, data: Any) -> RunFailure | None:
-        """The ``runs.error`` column's JSON as a record (None when there is none)."""
-        if not isinstance(data, dict):
-            return None
-        return cls(code=str(data.get("code") or ""), message=str(data.get("message") or ""))
-
-    def to_json(self) -> dict[str, str]:
-        """``{"code", "message"}``."""
-        return {"code": self.code, "message": self.message}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,7 +184,8 @@ class MessageRecord:
     run_id: str | None
     role: str
     content: str
-    tool_calls: list[dict[str, Any]] | None = None
+    #: The tool calls an assistant message asked for.
+    tool_calls: tuple[StoredCall, ...] | None = None
     tool_call_id: str | None = None
     name: str | None = None
     status: str = "complete"
@@ -458,7 +375,7 @@ def message_record(row: Any) -> MessageRecord:
         run_id=row.run_id,
         role=row.role,
         content=row.content,
-        tool_calls=row.tool_calls,
+        tool_calls=calls_of(row.tool_calls),
         tool_call_id=row.tool_call_id,
         name=row.name,
         status=row.status,
@@ -477,7 +394,7 @@ def message_values(message: MessageRecord) -> dict[str, Any]:
         "run_id": message.run_id,
         "role": message.role,
         "content": message.content,
-        "tool_calls": message.tool_calls,
+        "tool_calls": calls_json(message.tool_calls),
         "tool_call_id": message.tool_call_id,
         "name": message.name,
         "status": message.status,

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from .._ids import new_id, utcnow
-from ..errors import FieldError, InvalidRequest, NotFound, RunNotActive, ThreadBusy
+from ..errors import NotFound, RunNotActive, ThreadBusy
 from ..events import CancelMode, Envelope, RunStarted, Status, StoredEvent
 from . import _notify as channels
 from ._engine import Writing
@@ -31,7 +31,6 @@ from ._records import (
     AuditEntry,
     CallUsage,
     CancelRequest,
-    Fork,
     MessageRecord,
     Regenerate,
     RunFailure,
@@ -39,12 +38,12 @@ from ._records import (
     RunStatus,
     RunUsage,
     TurnOutcome,
-    message_record,
+    calls_json,
     message_values,
     run_record,
 )
 from ._tables import ONE_ACTIVE_RUN_INDEX, Hot, audit, events, messages, runs, threads
-from ._tree import append_message, splits_a_tool_turn, title_from_message
+from ._tree import append_message, input_message, title_from_message
 
 __all__ = ["RunStore", "CreatedRun"]
 
@@ -112,7 +111,7 @@ class RunStore(EventStore):
             thread_row = (await conn.execute(Hot.thread_by_id, {"thread_id": thread_id})).first()
             if thread_row is None or (owner is not None and thread_row.owner != owner):
                 raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
-            message = await _input_of(conn, attach, thread_id, thread_row.active_leaf_id, run_id, now)
+            message = await input_message(conn, attach, thread_id, thread_row.active_leaf_id, run_id, now)
             content = None if isinstance(attach, Regenerate) else attach.content
             lease = self._lease_values()
             status = RunStatus.RUNNING if running else RunStatus.QUEUED
@@ -473,7 +472,7 @@ async def _write_turn(conn: Writing, run_id: str, turn: TurnOutcome) -> None:
     if turn.tool_calls is None:
         await conn.execute(Hot.store_turn, values)
     else:
-        await conn.execute(Hot.store_turn_with_calls, {**values, "tool_calls": turn.tool_calls})
+        await conn.execute(Hot.store_turn_with_calls, {**values, "tool_calls": calls_json(turn.tool_calls)})
     await _add_usage(conn, run_id, turn.message_id, turn.input_tokens, turn.output_tokens)
 
 
@@ -484,48 +483,3 @@ async def _add_usage(conn: Writing, run_id: str, message_id: str, input_tokens: 
     usage = current.add(CallUsage(message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens))
     await conn.execute(Hot.set_run_usage, {"run_id": run_id, "usage": usage.to_json()})
     return usage
-
-
-def _invalid_parent(parent_id: str | None, thread_id: str, why: str = "not a message of this thread") -> InvalidRequest:
-    return InvalidRequest(
-        f"parent_id {parent_id!r} is not a message of thread {thread_id!r}" if why.startswith("not a message") else f"parent_id {parent_id!r} is {why}",
-        code="invalid_parent",
-        fields=[FieldError(("parent_id",), why, "invalid_parent")],
-    )
-
-
-async def _input_of(conn: Writing, attach: Attach, thread_id: str, active_leaf_id: str | None, run_id: str, now: datetime) -> MessageRecord:
-    """The run's input message: new (after the active leaf, or under a checked parent), or the
-    existing user message a regeneration answers again."""
-
-    async def message_in_thread(message_id: str | None) -> MessageRecord | None:
-        if message_id is None:
-            return None
-        row = (await conn.execute(Hot.message_by_id, {"message_id": message_id})).first()
-        if row is None or row.thread_id != thread_id:
-            raise _invalid_parent(message_id, thread_id)
-        return message_record(row)
-
-    match attach:
-        case AtLeaf(content=content):
-            # A new message after the active leaf needs nothing of the leaf: the thread only ever
-            # points at its own messages.
-            return MessageRecord(id=new_id("msg"), thread_id=thread_id, parent_id=active_leaf_id, run_id=run_id, role="user", content=content, created_at=now)
-        case Fork(content=content, parent_id=parent_id):
-            parent = await message_in_thread(parent_id)
-            if parent is not None and await splits_a_tool_turn(conn, parent):
-                raise InvalidRequest(
-                    f"parent_id {parent_id!r} is inside a tool turn: a message there would leave a tool call without its result",
-                    code="invalid_parent",
-                    fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
-                )
-            return MessageRecord(id=new_id("msg"), thread_id=thread_id, parent_id=parent_id, run_id=run_id, role="user", content=content, created_at=now)
-        case Regenerate(message_id=message_id):
-            answered = await message_in_thread(message_id if message_id is not None else active_leaf_id)
-            if answered is None or answered.role != "user":
-                raise InvalidRequest(
-                    "a run without input regenerates an answer: parent_id must be a user message of this thread",
-                    code="input_required",
-                    fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
-                )
-            return answered

@@ -9,6 +9,7 @@ conditional write: ``UPDATE threads … WHERE NOT EXISTS (an active run)``.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,10 +19,11 @@ from .._ids import new_id, utcnow
 from ..errors import Conflict, FieldError, InvalidRequest, NotFound, ThreadBusy
 from ._engine import Reading, StoreBase, Writing
 from ._idempotency import record_created
-from ._records import MessageRecord, ThreadRecord, message_record, message_values, thread_record
+from ._records import MessageRecord, StoredCall, ThreadRecord, calls_json, message_record, message_values, thread_record
 from ._tables import Hot, has_active_run, messages, threads
+from ._values import AtLeaf, Attach, Fork, Regenerate
 
-__all__ = ["TreeStore", "splits_a_tool_turn", "title_from_message", "clean_title", "MAX_TITLE_CHARS", "DERIVED_TITLE_CHARS"]
+__all__ = ["TreeStore", "input_message", "splits_a_tool_turn", "title_from_message", "clean_title", "MAX_TITLE_CHARS", "DERIVED_TITLE_CHARS"]
 
 #: The longest title a thread may be given (characters).
 MAX_TITLE_CHARS = 200
@@ -221,7 +223,7 @@ class TreeStore(StoreBase):
         *,
         content: str | None = None,
         status: str | None = None,
-        tool_calls: list[dict[str, Any]] | None = None,
+        tool_calls: tuple[StoredCall, ...] | None = None,
     ) -> None:
         """Change a message's content, status or tool calls (a turn being finished)."""
         values: dict[str, Any] = {}
@@ -230,7 +232,7 @@ class TreeStore(StoreBase):
         if status is not None:
             values["status"] = status
         if tool_calls is not None:
-            values["tool_calls"] = tool_calls
+            values["tool_calls"] = calls_json(tool_calls)
         if values:
             async with self._writing() as conn:
                 await conn.execute(messages.update().where(messages.c.id == message_id).values(**values))
@@ -309,7 +311,7 @@ async def splits_a_tool_turn(conn: Reading, parent: MessageRecord) -> bool:
         cursor = message_record(row) if row is not None else None
     if cursor is None or cursor.role != "assistant" or not cursor.tool_calls:
         return False
-    return any(call["id"] not in answered for call in cursor.tool_calls)
+    return any(call.id not in answered for call in cursor.tool_calls)
 
 
 #: ``path_to`` without a limit: deeper than any path.
@@ -329,3 +331,48 @@ def _path_query() -> sa.Select[Any]:
 
 
 _PATH_TO = _path_query()
+
+
+def _invalid_parent(parent_id: str | None, thread_id: str, why: str = "not a message of this thread") -> InvalidRequest:
+    return InvalidRequest(
+        f"parent_id {parent_id!r} is not a message of thread {thread_id!r}" if why.startswith("not a message") else f"parent_id {parent_id!r} is {why}",
+        code="invalid_parent",
+        fields=[FieldError(("parent_id",), why, "invalid_parent")],
+    )
+
+
+async def input_message(conn: Writing, attach: Attach, thread_id: str, active_leaf_id: str | None, run_id: str, now: datetime) -> MessageRecord:
+    """The run's input message: new (after the active leaf, or under a checked parent), or the
+    existing user message a regeneration answers again."""
+
+    async def message_in_thread(message_id: str | None) -> MessageRecord | None:
+        if message_id is None:
+            return None
+        row = (await conn.execute(Hot.message_by_id, {"message_id": message_id})).first()
+        if row is None or row.thread_id != thread_id:
+            raise _invalid_parent(message_id, thread_id)
+        return message_record(row)
+
+    match attach:
+        case AtLeaf(content=content):
+            # A new message after the active leaf needs nothing of the leaf: the thread only ever
+            # points at its own messages.
+            return MessageRecord(id=new_id("msg"), thread_id=thread_id, parent_id=active_leaf_id, run_id=run_id, role="user", content=content, created_at=now)
+        case Fork(content=content, parent_id=parent_id):
+            parent = await message_in_thread(parent_id)
+            if parent is not None and await splits_a_tool_turn(conn, parent):
+                raise InvalidRequest(
+                    f"parent_id {parent_id!r} is inside a tool turn: a message there would leave a tool call without its result",
+                    code="invalid_parent",
+                    fields=[FieldError(("parent_id",), "a tool call above it has no result yet", "invalid_parent")],
+                )
+            return MessageRecord(id=new_id("msg"), thread_id=thread_id, parent_id=parent_id, run_id=run_id, role="user", content=content, created_at=now)
+        case Regenerate(message_id=message_id):
+            answered = await message_in_thread(message_id if message_id is not None else active_leaf_id)
+            if answered is None or answered.role != "user":
+                raise InvalidRequest(
+                    "a run without input regenerates an answer: parent_id must be a user message of this thread",
+                    code="input_required",
+                    fields=[FieldError(("input",), "input.content is required unless parent_id is a user message", "missing")],
+                )
+            return answered

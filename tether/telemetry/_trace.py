@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from ..events import EVENT_TYPES, Cancelled, Done, Interrupt, RunError, Status, ToolCall, ToolResult
 from ._context import RunLabels
 from ._histograms import Histograms
 
@@ -57,7 +58,7 @@ class _Chat:
     usage: tuple[int, int] | None = None
     error: str | None = None
     text: list[str] = field(default_factory=list)
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
 
 
 def ts_ns(envelope: str) -> int:
@@ -105,7 +106,7 @@ class RunTrace:
         self._ended_early: tuple[int, tuple[int, int]] | None = None
         self._tools_ns = 0
         self._tool_names: list[str] = []
-        self._calls: dict[str, dict[str, Any]] = {}
+        self._calls: dict[str, ToolCall] = {}
         self.stretch: Span | None = None
         self._under: Context | None = None
         if maker is not None:
@@ -200,7 +201,7 @@ class RunTrace:
             attributes["gen_ai.response.time_to_first_chunk"] = max(chat.first_ns - chat.start_ns, 0) / 1e9
         if self.info.contents:
             parts: list[dict[str, Any]] = [{"type": "text", "content": "".join(chat.text)}] if chat.text else []
-            parts += [{"type": "tool_call", "id": c["call_id"], "name": c["name"], "arguments": c["args"]} for c in chat.calls]
+            parts += [{"type": "tool_call", "id": c.call_id, "name": c.name, "arguments": c.args} for c in chat.calls]
             attributes["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": parts}], ensure_ascii=False)
         self.maker.end(chat.span, end, error=chat.error, attributes=attributes)
 
@@ -209,45 +210,47 @@ class RunTrace:
     def event(self, event_type: str, envelope: str) -> bool:
         """A committed event other than a delta; False once the stretch is over."""
         at = ts_ns(envelope)
-        data: dict[str, Any] = json.loads(envelope)["data"]
-        if event_type == "status":
-            if data.get("stage") == "model":
-                if data.get("detail") is None:
+        # Parsed into its typed event (they are few: a status, a call, a result, an end); the
+        # deltas, the many, take the path of :meth:`delta`.
+        event = EVENT_TYPES[event_type].model_validate(json.loads(envelope)["data"])
+        if isinstance(event, Status):
+            if event.stage == "model":
+                if event.detail is None:
                     self._begin_chat(at, announced=True)
                 elif self._chat is not None and self._chat.span is not None and self.maker is not None:
-                    self.maker.event(self._chat.span, "tether.model.retry", at, {"tether.detail": data["detail"]})
-            elif data.get("stage") == "tool":  # the model call is over: tools run
+                    self.maker.event(self._chat.span, "tether.model.retry", at, {"tether.detail": event.detail})
+            elif event.stage == "tool":  # the model call is over: tools run
                 self._close_chat(at)
-                self._tools_ns, self._tool_names = at, str(data.get("detail") or "").split(", ")
-        elif event_type == "tool_call":
-            self._calls[data["call_id"]] = data
+                self._tools_ns, self._tool_names = at, str(event.detail or "").split(", ")
+        elif isinstance(event, ToolCall):
+            self._calls[event.call_id] = event
             if self._chat is not None:
-                self._chat.calls.append(data)
-        elif event_type == "tool_result":
-            self._tool_result(data, at)
-        elif event_type == "interrupt":
+                self._chat.calls.append(event)
+        elif isinstance(event, ToolResult):
+            self._tool_result(event, at)
+        elif isinstance(event, Interrupt):
             self._close_chat(at)
-            self._end_stretch(at, "waiting_human", {"tether.interrupt.id": data["interrupt_id"]})
+            self._end_stretch(at, "waiting_human", {"tether.interrupt.id": event.interrupt_id})
             return False
-        elif event_type in ("done", "error", "cancelled"):
-            self._ended(event_type, data, at)
+        elif isinstance(event, Done | RunError | Cancelled):
+            self._ended(event, at)
             return False
         return True
 
-    def _tool_result(self, data: dict[str, Any], at: int) -> None:
-        name, status = data["name"], data["status"]
+    def _tool_result(self, result: ToolResult, at: int) -> None:
+        name, status = result.name, result.status
         if status not in EXECUTED or name not in self._tool_names:
             return  # never ran (rejected, expired, answered, cancelled before it ran, invalid)
         self._tool_names.remove(name)
-        call = self._calls.get(data["call_id"], {})
-        tier = str(call.get("risk") or self.info.tiers.get(name, "destructive"))
+        call = self._calls.get(result.call_id)
+        tier = str((call.risk if call is not None else None) or self.info.tiers.get(name, "destructive"))
         self.h.tool.observe(max(at - self._tools_ns, 0) / 1e9, name, tier)
         if self.maker is None:
             return
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": name,
-            "gen_ai.tool.call.id": data["call_id"],
+            "gen_ai.tool.call.id": result.call_id,
             "gen_ai.tool.type": "function",
             "gen_ai.conversation.id": self.thread_id,
             "tether.run.id": self.run_id,
@@ -255,28 +258,28 @@ class RunTrace:
             "tether.tool.status": status,
         }
         if self.info.contents:
-            if "args" in call:
-                attributes["gen_ai.tool.call.arguments"] = json.dumps(call["args"], ensure_ascii=False)
-            if data.get("result") is not None:
-                attributes["gen_ai.tool.call.result"] = json.dumps(data["result"], ensure_ascii=False)
+            if call is not None:
+                attributes["gen_ai.tool.call.arguments"] = json.dumps(call.args, ensure_ascii=False)
+            if result.result is not None:
+                attributes["gen_ai.tool.call.result"] = json.dumps(result.result, ensure_ascii=False)
         span = self.maker.start(f"execute_tool {name}", client=False, parent=self._under, start_ns=self._tools_ns, attributes=attributes)
         self.maker.end(span, at, error={"error": "tool_error", "cancelled": "cancelled"}.get(status))
 
-    def _ended(self, event_type: str, data: dict[str, Any], at: int) -> None:
-        outcome = {"done": "completed", "error": "failed", "cancelled": "cancelled"}[event_type]
+    def _ended(self, event: Done | RunError | Cancelled, at: int) -> None:
+        outcome = "completed" if isinstance(event, Done) else "failed" if isinstance(event, RunError) else "cancelled"
         chat = self._chat
-        if chat is not None and not chat.calls and event_type != "done":
+        if chat is not None and not chat.calls and not isinstance(event, Done):
             # The run ended with its model call: that call failed, or a cancel stopped it.
-            chat.error = str(data.get("code") or "model_error") if event_type == "error" else "cancelled"
+            chat.error = (event.code or "model_error") if isinstance(event, RunError) else "cancelled"
         self._close_chat(at)
         if self.created_ns is not None:
             self.h.run.observe(max(at - self.created_ns, 0) / 1e9, outcome)
-        if event_type == "cancelled" and self.maker is not None and self.stretch is not None:
-            cancel = {"tether.cancel.mode": data.get("mode") or "soft", "tether.cancel.actor": data.get("actor") or ""}
-            if self.info.contents and data.get("reason"):
-                cancel["tether.cancel.reason"] = data["reason"]
+        if isinstance(event, Cancelled) and self.maker is not None and self.stretch is not None:
+            cancel = {"tether.cancel.mode": event.mode, "tether.cancel.actor": event.actor or ""}
+            if self.info.contents and event.reason:
+                cancel["tether.cancel.reason"] = event.reason
             self.maker.event(self.stretch, "tether.cancelled", at, cancel)
-        self._end_stretch(at, outcome, {}, error=data.get("code") if event_type == "error" else None)
+        self._end_stretch(at, outcome, {}, error=event.code if isinstance(event, RunError) else None)
 
     def _end_stretch(self, at: int, outcome: str, attributes: dict[str, Any], *, error: str | None = None) -> None:
         if self.maker is not None and self.stretch is not None:
