@@ -329,3 +329,12 @@ async def whole_log(server: Any, run_id: str) -> list[dict[str, Any]]:
         log += page
         if len(page) < 1000:
             return log
+
+
+@pytest.fixture
+def mcp_dir(tmp_path: Path) -> Path:
+    """Where the test MCP server (``tests/mcp_shop_server.py``) writes its effects and its log of
+    the requests it received (the MCP tests read what reached it there)."""
+    directory = tmp_path / "mcp"
+    directory.mkdir()
+    return directory

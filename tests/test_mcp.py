@@ -67,13 +67,6 @@ def calls_of(directory: Path) -> list[str]:
 
 
 @pytest.fixture
-def mcp_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "mcp"
-    directory.mkdir()
-    return directory
-
-
-@pytest.fixture
 def shop(db_url: str, mcp_dir: Path) -> Iterator[LiveServer]:
     """The demo agent with the test MCP server mounted (stdio), on both backends."""
     live = LiveServer(agent_with(shop_mcp(mcp_dir)), db_url).start()

@@ -27,13 +27,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def mcp_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "mcp"
-    directory.mkdir()
-    return directory
-
-
-@pytest.fixture
 def shop(db_url: str, mcp_dir: Path) -> Iterator[LiveServer]:
     """The test MCP server mounted with a 2-second call timeout."""
     live = LiveServer(agent_with(shop_mcp(mcp_dir, call_timeout_s=2.0, max_result_bytes=64 * 1024)), db_url).start()

@@ -66,13 +66,6 @@ class HttpShop:
 
 
 @pytest.fixture
-def mcp_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "mcp"
-    directory.mkdir()
-    return directory
-
-
-@pytest.fixture
 def web(mcp_dir: Path) -> Iterator[HttpShop]:
     server = HttpShop(mcp_dir).start()
     try:

@@ -27,12 +27,12 @@ from ..errors import Forbidden, InterruptExpired, InterruptResolved, NotFound, R
 from ..events import CancelMode, Resumed, format_ts
 from ..models import Usage
 from ..review import Decision, Expired
-from ..store import Attach, AuditEntry, CancelControl, ControlMessage, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store
+from ..store import Attach, CancelControl, ControlMessage, CreatedRun, InterruptRecord, RunRecord, RunStatus, Store
 from ._allowances import DEFAULT_MAX_ALLOWANCE_TTL_S, grants
 from ._bus import LocalBus, Subscription
 from ._cancel import Cancels
 from ._config import RunConfig
-from ._decisions import decided, refused_entries
+from ._decisions import decided, expired_entries, refused_entries
 from ._eventlog import stored_event
 from ._follow import FellBehind, RunFeed, StreamEnded, follow_run
 from ._gate import FourEyesPolicy, check_decisions, check_four_eyes
@@ -440,20 +440,7 @@ class Runtime:
                 make_event=lambda run_id, seq: stored_event(
                     run_id, seq, Resumed(interrupt_id=interrupt.id, resolution="expired", decisions=public, actor="system")
                 ),
-                audit_entries=[
-                    AuditEntry(
-                        action="expired",
-                        actor="system",
-                        thread_id=interrupt.thread_id,
-                        run_id=interrupt.run_id,
-                        interrupt_id=interrupt.id,
-                        call_id=c.id,
-                        tool=c.name,
-                        decision="expired",
-                        outcome="not_executed",
-                    )
-                    for c in gated
-                ],
+                audit_entries=expired_entries(interrupt, gated),
             )
         except (InterruptResolved, InterruptExpired):
             return False

@@ -1,4 +1,4 @@
-"""A resume's decisions as they are shown and put on record.
+"""A resume's decisions (and an expiry) as they are shown and put on record.
 
 :meth:`Runtime.resume <tether.runtime.Runtime.resume>` validates the decisions (:mod:`._gate`),
 then writes, in the transaction that resolves the interrupt, each decision as the ``resumed``
@@ -17,7 +17,12 @@ from ..store import AuditEntry, InterruptRecord, args_digest
 from ..tools import Tool
 from ._turn import CallItem
 
-__all__ = ["decided", "refused_entries"]
+__all__ = ["decided", "refused_entries", "expired_entries"]
+
+
+def _entry(interrupt: InterruptRecord, call: CallItem, **fields: Any) -> AuditEntry:
+    """An audit entry about one call of ``interrupt``."""
+    return AuditEntry(thread_id=interrupt.thread_id, run_id=interrupt.run_id, interrupt_id=interrupt.id, call_id=call.id, tool=call.name, **fields)
 
 
 def decided(
@@ -37,14 +42,11 @@ def decided(
             details = {"original_args": tool.mask(call.args), "edited_args": shown.args}
         public.append(shown)
         entries.append(
-            AuditEntry(
+            _entry(
+                interrupt,
+                call,
                 action="decision",
                 actor=actor,
-                thread_id=interrupt.thread_id,
-                run_id=interrupt.run_id,
-                interrupt_id=interrupt.id,
-                call_id=call.id,
-                tool=call.name,
                 args_digest=args_digest(tool.mask(call.args) if tool is not None else asked.get(call.id, {})),
                 decision=decision.decision,
                 reason=decision.reason if isinstance(decision, Reject) else None,
@@ -58,16 +60,11 @@ def decided(
 def refused_entries(interrupt: InterruptRecord, gated: Sequence[CallItem], normalised: Sequence[Decision], *, actor: str) -> list[AuditEntry]:
     """The record of a set of decisions four-eyes refused: one entry per call."""
     return [
-        AuditEntry(
-            action="decision",
-            actor=actor,
-            thread_id=interrupt.thread_id,
-            run_id=interrupt.run_id,
-            interrupt_id=interrupt.id,
-            call_id=call.id,
-            tool=call.name,
-            decision=decision.decision,
-            outcome="refused_four_eyes",
-        )
+        _entry(interrupt, call, action="decision", actor=actor, decision=decision.decision, outcome="refused_four_eyes")
         for call, decision in zip(gated, normalised, strict=True)
     ]
+
+
+def expired_entries(interrupt: InterruptRecord, gated: Sequence[CallItem]) -> list[AuditEntry]:
+    """The record of an expiry: one entry per call it rejected, on the clock's word."""
+    return [_entry(interrupt, call, action="expired", actor="system", decision="expired", outcome="not_executed") for call in gated]

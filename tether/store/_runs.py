@@ -116,22 +116,7 @@ class RunStore(EventStore):
             lease = self._lease_values()
             status = RunStatus.RUNNING if running else RunStatus.QUEUED
             started_at = now if running else None
-            run = RunRecord(
-                id=run_id,
-                thread_id=thread_id,
-                status=status,
-                config=config,
-                input_message_id=message.id,
-                created_at=now,
-                started_at=started_at,
-                ended_at=None,
-                error=None,
-                cancel_mode=None,
-                cancel_reason=None,
-                cancel_actor=None,
-                **lease,
-                requested_by=requested_by,
-            )
+            run = _new_run(run_id, thread_id, status, config, message.id, now, started_at, lease, requested_by)
             try:
                 # The first write of the transaction: if the partial unique index refuses it,
                 # nothing else has been written and the whole transaction rolls back.
@@ -217,22 +202,7 @@ class RunStore(EventStore):
         if row is None:  # no such thread (or not ``owner``'s): nothing was written
             raise NotFound(f"thread {thread_id!r} not found", code="thread_not_found")
         message = MessageRecord(id=message_id, thread_id=thread_id, parent_id=row[0], run_id=run_id, role="user", content=content, created_at=now)
-        run = RunRecord(
-            id=run_id,
-            thread_id=thread_id,
-            status=status,
-            config=config,
-            input_message_id=message_id,
-            created_at=now,
-            started_at=started_at,
-            ended_at=None,
-            error=None,
-            cancel_mode=None,
-            cancel_reason=None,
-            cancel_actor=None,
-            **lease,
-            requested_by=requested_by,
-        )
+        run = _new_run(run_id, thread_id, status, config, message_id, now, started_at, lease, requested_by)
         return CreatedRun(run=run, input=message, events=written, first_turn=first_turn)
 
     # -- reading ---------------------------------------------------------------------------
@@ -483,3 +453,33 @@ async def _add_usage(conn: Writing, run_id: str, message_id: str, input_tokens: 
     usage = current.add(CallUsage(message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens))
     await conn.execute(Hot.set_run_usage, {"run_id": run_id, "usage": usage.to_json()})
     return usage
+
+
+def _new_run(
+    run_id: str,
+    thread_id: str,
+    status: RunStatus,
+    config: dict[str, Any],
+    input_message_id: str,
+    now: datetime,
+    started_at: datetime | None,
+    lease: dict[str, Any],
+    requested_by: str | None,
+) -> RunRecord:
+    """A run as its start creates it (either way it is started): no end, no cancel yet."""
+    return RunRecord(
+        id=run_id,
+        thread_id=thread_id,
+        status=status,
+        config=config,
+        input_message_id=input_message_id,
+        created_at=now,
+        started_at=started_at,
+        ended_at=None,
+        error=None,
+        cancel_mode=None,
+        cancel_reason=None,
+        cancel_actor=None,
+        **lease,
+        requested_by=requested_by,
+    )
