@@ -144,6 +144,11 @@ async def test_scope_run_with_the_same_args_covers_the_rest_of_that_run_only(ser
         assert [e["call_id"] for e in await effects(server.url, run["id"])] == ["c1", "c2"]
         await client.approve(second)
         assert (await client.wait_for_run(run["id"]))["status"] == "completed"
+        # The run's timeline says which call ran under the standing approval.
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+            timeline = (await http.get(f"/v1/runs/{run['id']}/timeline")).json()
+        tools = {s["call_id"]: s for s in timeline["segments"] if s["kind"] == "tool"}
+        assert [tools[c]["allowed_by"] for c in ("c1", "c2", "c3")] == [None, allowance["id"], None]
 
         assert allowance["run_id"] == run["id"] and allowance["thread_id"] == thread["id"]
         assert (allowance["tool"], allowance["scope"], allowance["args"], allowance["status"], allowance["risk"]) == (

@@ -130,6 +130,7 @@ class TimelineBuilder:
                     "name": data.get("name"),
                     "tier": data.get("risk"),
                     "gated": bool(data.get("gated")),
+                    "allowed_by": data.get("allowed_by"),
                     "status": None,
                     "ran": False,
                     "_start": None,
@@ -143,7 +144,16 @@ class TimelineBuilder:
             found = self.calls.get(call_id)
             if found is None:  # a result without its call (cut off by a crash): shown as it came
                 self.order += 1
-                found = {"kind": "tool", "call_id": call_id, "name": data.get("name"), "tier": None, "gated": False, "_start": None, "_order": self.order}
+                found = {
+                    "kind": "tool",
+                    "call_id": call_id,
+                    "name": data.get("name"),
+                    "tier": None,
+                    "gated": False,
+                    "allowed_by": None,
+                    "_start": None,
+                    "_order": self.order,
+                }
                 self.calls[call_id] = found
                 self.segments.append(found)
             found["status"] = data.get("status")

@@ -118,7 +118,7 @@ export function buildTimeline(events, auditEntries = [], now = Date.now() * 1000
         order += 1;
         const call = {
           kind: 'tool', call_id: callId, name: data.name ?? null, tier: data.risk ?? null, gated: Boolean(data.gated),
-          status: null, ran: false, _start: null, _end: null, _order: order,
+          allowed_by: data.allowed_by ?? null, status: null, ran: false, _start: null, _end: null, _order: order,
         };
         calls.set(callId, call);
         segments.push(call);
@@ -129,7 +129,7 @@ export function buildTimeline(events, auditEntries = [], now = Date.now() * 1000
       let found = calls.get(callId);
       if (!found) { // a result without its call (cut off by a crash): shown as it came
         order += 1;
-        found = { kind: 'tool', call_id: callId, name: data.name ?? null, tier: null, gated: false, _start: null, _order: order };
+        found = { kind: 'tool', call_id: callId, name: data.name ?? null, tier: null, gated: false, allowed_by: null, _start: null, _order: order };
         calls.set(callId, found);
         segments.push(found);
       }
@@ -274,7 +274,8 @@ export function describeSegment(s) {
       if (s.open) outcome = s.ran ? `running, ${took}` : 'not started';
       else if (!s.ran) outcome = `${TOOL_OUTCOMES[s.status] || s.status}${s.status === 'cancelled' ? ' before it ran' : ''}`;
       else outcome = `${TOOL_OUTCOMES[s.status] || s.status} in ${took}`;
-      return { label: `Tool ${s.name || '?'}`, detail: `${tier} · ${outcome}` };
+      const allowed = s.allowed_by ? ' · allowed by a standing approval, not asked' : '';
+      return { label: `Tool ${s.name || '?'}`, detail: `${tier}${allowed} · ${outcome}` };
     }
     case 'human': {
       const what = (s.actions || []).map((a) => a.name).filter(Boolean).join(', ') || 'a request';
