@@ -111,7 +111,8 @@ class Receiver:
 
 def settings(url: str, **overrides: Any) -> WebhookSettings:
     # The receivers listen on 127.0.0.1: allowed explicitly, whatever the server's auth mode.
-    values: dict[str, Any] = {"schedule": (0.0, 0.2, 0.2, 0.2, 0.2), "poll_s": 0.05, "timeout_s": 1.0, "lease_s": 3.0, "allow_private_targets": True}
+    # A timeout a loaded machine does not reach by itself: a test that wants one answers slower.
+    values: dict[str, Any] = {"schedule": (0.0, 0.2, 0.2, 0.2, 0.2), "poll_s": 0.05, "timeout_s": 5.0, "lease_s": 15.0, "allow_private_targets": True}
     values.update(overrides)
     return WebhookSettings(endpoints=(Endpoint(url),), secret=SECRET, public_url="https://tether.example.com", **values)
 
@@ -126,7 +127,7 @@ async def wait_for(condition: Callable[[], bool], timeout: float = 20) -> None:
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     # 500, then 429 with Retry-After, then a slow answer past the timeout, then 200, per message.
-    plan = {1: (500, {}, 0.0), 2: (429, {"retry-after": "0"}, 0.0), 3: (200, {}, 1.5)}
+    plan = {1: (500, {}, 0.0), 2: (429, {"retry-after": "0"}, 0.0), 3: (200, {}, 5.5)}
     live = Receiver(lambda _id, n: plan.get(n, (200, {}, 0.0))).start()
     yield live
     live.stop()
@@ -296,7 +297,8 @@ async def test_a_retry_after_of_inf_or_1e12_or_past_the_period_never_stops_the_s
         {1: (503, {"retry-after": "99999999999999999999"}, 0.0)},
     )
     live = Receiver(plans).start()
-    server = LiveServer(build_demo_agent(ScriptedModel()), db_url, webhooks=settings(live.url, retry_period_s=3600.0)).start()
+    hooks = settings(live.url, retry_period_s=3600.0)
+    server = LiveServer(build_demo_agent(ScriptedModel()), db_url, webhooks=hooks).start()
     try:
         async with AsyncClient(server.url) as client, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
             await run_once(client)
@@ -322,7 +324,8 @@ async def test_every_non_2xx_but_410_is_retried_and_a_redirect_fails(db_url: str
         {1: (302, {"location": "http://169.254.169.254/"}, 0.0)},
     )
     live = Receiver(plans).start()
-    server = LiveServer(build_demo_agent(ScriptedModel()), db_url, webhooks=settings(live.url)).start()
+    hooks = settings(live.url)
+    server = LiveServer(build_demo_agent(ScriptedModel()), db_url, webhooks=hooks).start()
     try:
         async with AsyncClient(server.url) as client, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
             await run_once(client)
