@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from tether import Agent, HistoryPolicy, ScriptedModel
 from tether._ids import utcnow
 from tether.runtime import Runtime, follow_run
-from tether.store import Store
+from tether.store import AtLeaf, Store
 from tether.store._tables import messages, threads
 
 
@@ -76,7 +76,7 @@ async def build_thread(store: Store, size: int) -> str:
 
 async def first_token_s(runtime: Runtime, thread_id: str) -> float:
     started = time.perf_counter()
-    run = await runtime.start_run(thread_id, content="hello again")
+    run = await runtime.start_run(thread_id, attach=AtLeaf(content="hello again"))
     async with aclosing(follow_run(runtime.store, runtime.bus, run.id)) as batches:
         async for batch in batches:
             if any(e.type == "token" for e in batch):

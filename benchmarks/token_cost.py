@@ -98,6 +98,7 @@ async def _tether(runs: int, tokens: int, delay_ms: float, *, telemetry: str = "
     # Imported here: the asyncio scenarios run without Tether's modules in the process.
     from tether.demo import build_demo_agent
     from tether.runtime import Runtime
+    from tether.store import AtLeaf
 
     with tempfile.TemporaryDirectory() as tmp:
         agent = build_demo_agent()
@@ -127,7 +128,7 @@ async def _tether(runs: int, tokens: int, delay_ms: float, *, telemetry: str = "
             async def one(thread_id: str) -> None:
                 nonlocal received
                 # Subscribed before the start: the follower gets every event.
-                _run, feed = await runtime.start_followed_run(thread_id, content=script, requester="local")
+                _run, feed = await runtime.start_followed_run(thread_id, attach=AtLeaf(content=script), requester="local")
                 async for batch in feed.follow():
                     received += sum(1 for event in batch if event.type == "token")
 
