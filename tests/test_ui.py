@@ -1888,6 +1888,73 @@ def test_a_reversible_call_offers_any_arguments_and_the_summary_says_so(page: Pa
     assert time_of(allowance["expires_at"]) - time_of(allowance["created_at"]) == 8 * 3600
 
 
+def test_the_approvals_inbox_approves_several_and_allows_each_in_its_own_thread(page: Page, server: LiveServer, api: httpx.Client, axe_source: str) -> None:
+    runs = {}
+    for text in ("refund 25 on order A100", "refund 7 on order B200", "ask what colour"):
+        thread = api.post("/v1/threads", json={}).json()["id"]
+        run = api.post(f"/v1/threads/{thread}/runs", json={"input": {"content": text}}).json()["id"]
+        runs[text] = (thread, run)
+    for text, (_, run) in runs.items():
+        wait_until(lambda run=run: api.get(f"/v1/runs/{run}").json()["status"] == "waiting_human", f"{text!r} to wait")
+
+    open_ui(page, server)
+    page.locator("#approvals-btn").click()
+    items = page.locator("#approvals .approval-item")
+    expect(items).to_have_count(3)
+    allow = page.locator("#approvals-allow")
+    panel = page.locator("#approvals-allow-panel")
+    expect(allow).to_be_disabled()  # nothing selected
+    for text in ("A100", "B200", "what colour"):
+        items.filter(has_text=text).locator("input[type=checkbox]").check()
+    expect(allow).to_be_disabled()  # a question permits no standing approval
+    expect(allow).to_have_attribute("title", re.compile("Not every selected call permits a standing approval"))
+    items.filter(has_text="what colour").locator("input[type=checkbox]").uncheck()
+    expect(allow).to_be_enabled()
+
+    allow.click()
+    expect(allow).to_have_attribute("aria-expanded", "true")
+    expect(panel.get_by_role("radio", name="for the rest of each run")).to_be_focused()
+    expect(panel.locator(".allow-fixed")).to_have_text("With their same arguments only (not every selected call permits more).")
+    summary = panel.locator(".allow-summary")
+    expect(summary).to_contain_text("these 2 calls (refund), each with its same arguments will run without asking you, for the rest of each one's run")
+    panel.get_by_role("radio", name="in each thread (later runs too)").check()
+    panel.get_by_role("radio", name="1 h").check()
+    expect(summary).to_contain_text("in each one's thread, later runs too. Anything else is still asked. You can revoke each from its thread's header.")
+    assert effects(api, "refund") == [], "nothing runs before the decision is sent"
+    assert_accessible(page, axe_source, "approvals: approve and allow")
+    shot(page, "approvals-allow", page.locator("#approvals"))
+
+    # Changing the selection closes a choice made for another one.
+    items.filter(has_text="what colour").locator("input[type=checkbox]").check()
+    expect(panel).to_be_hidden()
+    items.filter(has_text="what colour").locator("input[type=checkbox]").uncheck()
+    allow.click()
+    panel.get_by_role("radio", name="in each thread (later runs too)").check()
+    panel.get_by_role("radio", name="1 h").check()
+    panel.locator("#approvals-allow-confirm").click()
+    expect(page.locator("#approvals-status")).to_have_text("Approved 2 and allowed with the same arguments in each one's thread, later runs too, for 1 h.")
+    expect(items).to_have_count(1)  # the question still waits
+    expect(items.first).to_contain_text("what colour")
+    expect(panel).to_be_hidden()
+
+    wait_until(lambda: len(effects(api, "refund")) == 2, "both refunds to run")
+    for text, amount in (("refund 25 on order A100", 25), ("refund 7 on order B200", 7)):
+        thread, run = runs[text]
+        wait_until(lambda run=run: api.get(f"/v1/runs/{run}").json()["status"] == "completed", f"{text!r} to complete")
+        [granted] = api.get(f"/v1/threads/{thread}/allowances").json()["items"]
+        assert (granted["tool"], granted["scope"], granted["args"], granted["status"], granted["run_id"]) == ("refund", "thread", "same", "active", None)
+        assert time_of(granted["expires_at"]) - time_of(granted["created_at"]) == 3600
+        # The same refund again in that thread runs unasked, under that thread's own allowance.
+        again = api.post(f"/v1/threads/{thread}/runs", json={"input": {"content": text}}).json()["id"]
+        wait_until(lambda again=again: api.get(f"/v1/runs/{again}").json()["status"] == "completed", f"{text!r} to run again unasked")
+        [call] = [e for e in events_of(api, again) if e["type"] == "tool_call"]
+        assert (call["data"]["gated"], call["data"]["allowed_by"]) == (False, granted["id"])
+        assert [e["args"]["amount"] for e in effects(api, "refund")].count(amount) == 2
+    # Each allowance holds in its own thread only: the question's thread has none.
+    other = runs["ask what colour"][0]
+    assert api.get(f"/v1/threads/{other}/allowances").json()["items"] == []
+
+
 def time_of(ts: str) -> float:
     """Seconds since the epoch of a wire timestamp."""
     from datetime import datetime

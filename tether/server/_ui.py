@@ -126,8 +126,10 @@ def render_index() -> str:
     <label for="approvals-reason">Reason (for a reject)</label>
     <input id="approvals-reason" type="text" maxlength="4000" autocomplete="off">
     <button type="button" id="approvals-approve" class="btn primary" disabled>Approve selected</button>
+    <button type="button" id="approvals-allow" class="btn allow" disabled aria-expanded="false" aria-controls="approvals-allow-panel">Approve and allow…</button>
     <button type="button" id="approvals-reject" class="btn danger" disabled>Reject selected</button>
   </div>
+  <div id="approvals-allow-panel" class="approvals-allow" hidden></div>
   <p id="approvals-status" class="approvals-status" role="status" aria-live="polite"></p>
 </dialog>
 <dialog id="allowances" class="audit allowances" aria-labelledby="allowances-title" aria-describedby="allowances-about">

@@ -15,9 +15,9 @@
  * - `transcript.js`: stored messages → the chat (bubbles, branch switchers, editors);
  * - `tool-card.js`: one tool call (arguments, result, decision);
  * - `live-run.js`: a run followed live, its events → the chat (tokens batched per frame);
- * - `approval-card.js`: the review card of an interrupt; `allow-choice.js`: its "Approve and allow…";
+ * - `approval-card.js`: the review card of an interrupt; `allow-choice.js`: its "Approve and allow…" (the inbox's too);
  * - `allowances.js`: the thread's standing approvals (the header chip and its dialog, tool cards' line);
- * - `approvals.js`: the Approvals view (every pending request you may decide, across threads);
+ * - `approvals.js`: the Approvals view (every pending request you may decide, across threads; approve, allow or reject several at once);
  * - `audit-log.js`: the Audit log dialog; `sign-in.js`: who is signed in, the API key;
  * - `run-timeline.js`: a run's events → its timeline (pure); `timeline-view.js`: the Timeline dialog;
  * - `dom.js`: element builder and batched text writes.
@@ -67,7 +67,7 @@ function onEscape(event) {
 async function init() {
   bindElements();
   app.approvals = new ApprovalsView(api, {
-    dialog: $('approvals'), list: $('approvals-list'), reason: $('approvals-reason'), approve: $('approvals-approve'),
+    dialog: $('approvals'), list: $('approvals-list'), reason: $('approvals-reason'), approve: $('approvals-approve'), allow: $('approvals-allow'), allowPanel: $('approvals-allow-panel'),
     reject: $('approvals-reject'), close: $('approvals-close'), status: $('approvals-status'), count: $('approvals-count'),
   }, {
     openThread: (threadId) => openThread(threadId),

@@ -174,12 +174,14 @@ export class TetherClient {
    * Approve or reject every action of several interrupts; one result per id
    * (`{interrupt_id, status, run, error}`), each decided on its own.
    * @param {string[]} interruptIds @param {'approve'|'reject'} decision @param {string} [reason]
+   * @param {{scope: string, args: string, ttl_s: number}} [allow] with `approve`: a standing approval with each
    * @returns {Promise<any[]>}
    */
-  async decideMany(interruptIds, decision, reason) {
+  async decideMany(interruptIds, decision, reason, allow) {
     /** @type {Record<string, any>} */
     const body = { interrupt_ids: interruptIds, decision };
     if (reason) body.reason = reason;
+    if (allow) body.allow = allow;
     return (await this.request('POST', '/v1/interrupts/decide', body)).items;
   }
   /** @param {{threadId?: string, runId?: string}} filter @returns {Promise<any[]>} */
