@@ -1792,6 +1792,12 @@ def test_an_answer_cut_short_says_so_under_it_live_and_after_a_reload(page: Page
 ALLOWED_LINE = re.compile(r"^✓ Allowed by your approval at \d{1,2}:\d{2}( [AP]M)?, until \d{1,2}:\d{2}( [AP]M)?$")
 
 
+def choose(choice: Locator, *options: str) -> None:
+    """Pick options of an "Approve and allow…" choice by their radio buttons' names."""
+    for option in options:
+        choice.get_by_role("radio", name=option).check()
+
+
 def test_approve_and_allow_from_the_card_then_the_chip_lists_it_a_tool_card_says_so_and_revoke_asks_again(
     page: Page, server: LiveServer, api: httpx.Client, axe_source: str
 ) -> None:
@@ -1808,8 +1814,7 @@ def test_approve_and_allow_from_the_card_then_the_chip_lists_it_a_tool_card_says
     expect(choice.get_by_role("radio", name="any arguments")).to_have_count(0)
     summary = choice.locator(".allow-summary")
     expect(summary).to_contain_text("refund with these same arguments (order_id: A100, amount: 25) will run without asking you, for the rest of this run")
-    choice.get_by_role("radio", name="in this thread (later runs too)").check()
-    choice.get_by_role("radio", name="1 h").check()
+    choose(choice, "in this thread (later runs too)", "1 h")
     expect(summary).to_contain_text("will run without asking you, in this thread, later runs too. Anything else is still asked.")
     assert effects(api, "refund") == [], "nothing runs before the decision is sent"
     assert_accessible(page, axe_source, "approve and allow")
@@ -1878,8 +1883,7 @@ def test_a_reversible_call_offers_any_arguments_and_the_summary_says_so(page: Pa
     card = pending_card(page, "note buy milk")
     card.locator(".choice-allow").click()
     choice = card.locator(".allow-choice")
-    choice.get_by_role("radio", name="any arguments").check()
-    choice.get_by_role("radio", name="8 h").check()
+    choose(choice, "any arguments", "8 h")
     expect(choice.locator(".allow-summary")).to_contain_text("any write_note call will run without asking you, for the rest of this run")
     page.keyboard.press("Enter")  # Enter in the choice confirms
     expect(conn(page)).to_have_attribute("data-state", "completed")
@@ -1917,8 +1921,7 @@ def test_the_approvals_inbox_approves_several_and_allows_each_in_its_own_thread(
     expect(panel.locator(".allow-fixed")).to_have_text("With their same arguments only (not every selected call permits more).")
     summary = panel.locator(".allow-summary")
     expect(summary).to_contain_text("these 2 calls (refund), each with its same arguments will run without asking you, for the rest of each one's run")
-    panel.get_by_role("radio", name="in each thread (later runs too)").check()
-    panel.get_by_role("radio", name="1 h").check()
+    choose(panel, "in each thread (later runs too)", "1 h")
     expect(summary).to_contain_text("in each one's thread, later runs too. Anything else is still asked. You can revoke each from its thread's header.")
     assert effects(api, "refund") == [], "nothing runs before the decision is sent"
     assert_accessible(page, axe_source, "approvals: approve and allow")
@@ -1929,8 +1932,7 @@ def test_the_approvals_inbox_approves_several_and_allows_each_in_its_own_thread(
     expect(panel).to_be_hidden()
     items.filter(has_text="what colour").locator("input[type=checkbox]").uncheck()
     allow.click()
-    panel.get_by_role("radio", name="in each thread (later runs too)").check()
-    panel.get_by_role("radio", name="1 h").check()
+    choose(panel, "in each thread (later runs too)", "1 h")
     panel.locator("#approvals-allow-confirm").click()
     expect(page.locator("#approvals-status")).to_have_text("Approved 2 and allowed with the same arguments in each one's thread, later runs too, for 1 h.")
     expect(items).to_have_count(1)  # the question still waits
