@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg
 import pytest
 import sqlalchemy as sa
 from alembic.config import Config
@@ -51,6 +52,7 @@ from tether.store import (
     ThreadRecord,
     TurnOutcome,
 )
+from tether.store import _notify as channels
 from tether.store import _tables as tables
 from tether.webhooks import _tables as _webhook_tables  # noqa: F401  (its tables are on the store's metadata)
 
@@ -759,9 +761,10 @@ async def test_after_slow_commits_the_writer_rests_only_while_many_runs_have_an_
     time, never wait for one. Every event is stored, in order, either way."""
     commit = store.append_event_batches
 
-    async def slow_commit(batches: Any) -> None:  # a slow disk: every commit takes 5 ms more
-        await commit(batches)
+    async def slow_commit(batches: Any) -> frozenset[str]:  # a slow disk: every commit takes 5 ms more
+        lost = await commit(batches)
         await asyncio.sleep(0.005)
+        return lost
 
     monkeypatch.setattr(store, "append_event_batches", slow_commit)
     bus = LocalBus()
@@ -841,8 +844,12 @@ async def test_a_duplicate_seq_is_refused_by_the_database_and_its_batch_written_
         with pytest.raises(sa.exc.IntegrityError):
             await store.append_events(run.id, batch)
     async with another_store(database_url) as other:
-        with pytest.raises(sa.exc.IntegrityError):
-            await other.append_events(run.id, [stored(run.id, 2, Token(message_id="m", text="other process"))])
+        duplicate = [stored(run.id, 2, Token(message_id="m", text="other process"))]
+        if other.is_sqlite:
+            with pytest.raises(sa.exc.IntegrityError):
+                await other.append_events(run.id, duplicate)
+        else:  # PostgreSQL: a process that does not execute the run writes none of its events at all
+            assert await other.append_events(run.id, duplicate) == {run.id}
     events = await store.read_events(run.id)
     assert [e.seq for e in events] == [1, 2] and events[0] == started
     assert Envelope.from_json(events[1].envelope).data["text"] == "a"
@@ -1337,6 +1344,97 @@ async def test_a_run_taken_over_by_another_store_can_no_longer_be_ended_or_parke
         assert (await store.get_run(run.id)).status == "running" and await store.last_seq(run.id) == 1
         # The new owner can.
         assert await other.finish_run(run.id, status="completed", final_event=final, from_statuses=("running",), as_executor=True)
+
+
+async def lapse_lease(store: Store, run_id: str) -> None:
+    """The run's executor stalled past its lease (its claim ran out a while ago)."""
+    async with store.transaction() as conn:
+        await conn.execute(tables.runs.update().where(tables.runs.c.id == run_id).values(lease_expires_at=utcnow() - HOUR))
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_a_stalled_executor_can_never_write_into_the_log_of_a_run_another_process_took_over(store: Store, database_url: str) -> None:
+    """The events an executor commits are fenced by its lease. Raced 40 times: the first
+    process keeps committing events of its run while the second claims the run, reads its last
+    seq and appends the next one. The second's append must never collide with a late write of
+    the first (found under load: the new executor's run failed with a duplicate seq), and the
+    first learns at its first refused commit that the run is not its own any more."""
+    async with another_store(database_url) as other:
+        listener = await asyncpg.connect(store.pg_dsn)
+        notices: list[str] = []
+        await listener.add_listener(channels.EVENTS_CHANNEL, lambda *args: notices.append(args[-1]))
+        try:
+            for attempt in range(40):
+                run, _, _ = await start_run(store, await store.create_thread(owner="alice"))
+                assert await store.mark_running(run.id)
+
+                async def first(run_id: str = run.id) -> int:
+                    seq = 2
+                    while not await store.append_events(run_id, [stored(run_id, seq, Status(stage="first"))]):
+                        seq += 1
+                    return seq  # the first seq it could not write
+
+                async def second(run_id: str = run.id, attempt: int = attempt) -> int:
+                    for _ in range(attempt % 4):  # the claim lands after a few of the first's commits, or at once
+                        await asyncio.sleep(0)
+                    await lapse_lease(other, run_id)
+                    assert run_id in [r.id for r in await other.claim_abandoned()]
+                    seq = await other.last_seq(run_id) + 1
+                    assert await other.append_events(run_id, [stored(run_id, seq, Status(stage="second"))]) == frozenset()
+                    return seq
+
+                with anyio.fail_after(30):
+                    refused, taken = await asyncio.gather(first(), second())
+                written = await store.read_events(run.id)
+                assert [e.seq for e in written] == list(range(1, taken + 1)), attempt  # gapless, no seq twice
+                assert [Envelope.from_json(e.envelope).data["stage"] for e in written[1:]] == ["first"] * (taken - 2) + ["second"]
+                assert refused == taken  # refused from the claim on: its last write came before the second's read
+            # A group commit with a run it holds and one it lost writes and announces only the first.
+            lost_run, _, _ = await start_run(store, await store.create_thread(owner="alice"))
+            kept_run, _, _ = await start_run(store, await store.create_thread(owner="alice"))
+            await lapse_lease(other, lost_run.id)
+            assert lost_run.id in [r.id for r in await other.claim_abandoned()]
+            notices.clear()
+            batches = [(run_id, [stored(run_id, 2, Token(message_id="m", text="x"))]) for run_id in (lost_run.id, kept_run.id)]
+            assert await store.append_event_batches(batches) == {lost_run.id}
+            assert await store.last_seq(lost_run.id) == 1 and await store.last_seq(kept_run.id) == 2
+            with anyio.fail_after(10):
+                while not notices:
+                    await asyncio.sleep(0.01)
+            assert [channels.parse_events_payload(n).runs for n in notices] == [[(kept_run.id, 2)]]
+        finally:
+            await listener.close()
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_the_group_commit_stops_the_executor_of_a_run_taken_over_and_publishes_nothing_of_it(
+    store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = GroupCommit(store)
+    bus = LocalBus()
+    published: list[int] = []
+    monkeypatch.setattr(bus, "publish", lambda run_id, batch: published.extend(e.seq for e in batch))
+    run, _, _ = await start_run(store, await store.create_thread(owner="alice"))
+    try:
+        async with another_store(database_url) as other:
+
+            async def execute() -> None:  # as a run's executor task does: it starts its log
+                event_log = EventLog(store, bus, run.id, next_seq=2, writer=writer)
+                event_log.start()
+                event_log.emit_delta("token", "m", "mine")
+                await event_log.wait_for_idle()
+                await lapse_lease(other, run.id)  # it stalls; the other process takes the run over
+                assert run.id in [r.id for r in await other.claim_abandoned()]
+                event_log.emit_delta("token", "m", "too late")
+                await asyncio.Event().wait()  # it would go on forever: the writer stops it
+
+            executor = asyncio.create_task(execute())
+            with anyio.fail_after(10), pytest.raises(asyncio.CancelledError):
+                await executor
+            assert published == [2] and await store.last_seq(run.id) == 2
+            assert f"run {run.id} was taken over by another process; stopping here" in caplog.text
+    finally:
+        await writer.aclose()
 
 
 #: A process that opens a store and the demo agent's own table, works a run through the store,

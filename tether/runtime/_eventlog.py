@@ -13,6 +13,7 @@ store does not have.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from ..errors import EventLogFailed
@@ -23,7 +24,13 @@ from ._groupcommit import GroupCommit
 if TYPE_CHECKING:
     from ._bus import LocalBus
 
-__all__ = ["EventLog", "stored_event"]
+__all__ = ["EventLog", "RunTakenOver", "stored_event"]
+
+log = logging.getLogger("tether.runtime")
+
+
+class RunTakenOver(EventLogFailed):
+    """A run's events were not written because another process executes it now."""
 
 
 def stored_event(run_id: str, seq: int, event: Event) -> StoredEvent:
@@ -48,6 +55,9 @@ class EventLog:
         self._idle = asyncio.Event()
         self._idle.set()
         self._failure: BaseException | None = None
+        #: The task executing the run (the one that started this log): stopped if the run turns
+        #: out to belong to another process.
+        self._owner: asyncio.Task[object] | None = None
 
     @property
     def next_seq(self) -> int:
@@ -55,7 +65,9 @@ class EventLog:
         return self._next_seq
 
     def start(self) -> None:
-        """Start this log's own writer, if it has one (else the runtime's writer runs already)."""
+        """Start this log's own writer, if it has one (else the runtime's writer runs already).
+        Called by the task that executes the run."""
+        self._owner = asyncio.current_task()
         if self._own_writer:
             self._writer.start()
 
@@ -102,6 +114,15 @@ class EventLog:
         self._failure = error
         self.pending = []
         self._idle.set()
+
+    def taken_over(self) -> None:
+        """The run's last batch was not written: another process executes the run now (this one
+        stalled past its lease). Stop executing it here, writing nothing more — the outside
+        cancellation the lease keeper uses when it finds the same (the run is left as it is)."""
+        log.warning("run %s was taken over by another process; stopping here", self.run_id)
+        self.failed(RunTakenOver(f"run {self.run_id!r} is executed by another process now"))
+        if self._owner is not None and not self._owner.done():
+            self._owner.cancel()
 
     def seal(self, event: Event) -> StoredEvent:
         """Build an event with the next seq, without queueing it (nothing may be queued then).

@@ -30,7 +30,9 @@ arriving while its ``status`` event commits): a single stream, or a few, never t
 rule (``benchmarks/scale.py`` measures both, many runs at once and one alone).
 
 A commit that fails is retried log by log, so one run's bad batch (a seq another process took
-first) fails only that run's log, not every run that shared the transaction.
+first) fails only that run's log, not every run that shared the transaction. A run this process
+no longer executes (another process took it over while this one stalled past its lease) has
+nothing written: its log is told (:meth:`~._eventlog.EventLog.taken_over`) and stops its run.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ class GroupCommit:
 
     async def _commit(self, work: list[tuple[EventLog, list[StoredEvent]]]) -> None:
         try:
-            await self._store.append_event_batches([(event_log.run_id, batch) for event_log, batch in work])
+            lost = await self._store.append_event_batches([(event_log.run_id, batch) for event_log, batch in work])
         except asyncio.CancelledError:
             for event_log, _batch in work:
                 event_log.failed(EventLogFailed("the event writer stopped"))
@@ -132,12 +134,15 @@ class GroupCommit:
         self.transactions += 1
         self.batches += len(work)
         for event_log, batch in work:
-            event_log.committed(batch)
+            if event_log.run_id in lost:
+                event_log.taken_over()
+            else:
+                event_log.committed(batch)
 
     async def _commit_one_by_one(self, work: list[tuple[EventLog, list[StoredEvent]]]) -> None:
         for done, (event_log, batch) in enumerate(work):
             try:
-                await self._store.append_events(event_log.run_id, batch)
+                lost = await self._store.append_events(event_log.run_id, batch)
             except asyncio.CancelledError:
                 for rest, _batch in work[done:]:
                     rest.failed(EventLogFailed("the event writer stopped"))
@@ -147,7 +152,10 @@ class GroupCommit:
             else:
                 self.transactions += 1
                 self.batches += 1
-                event_log.committed(batch)
+                if lost:
+                    event_log.taken_over()
+                else:
+                    event_log.committed(batch)
 
     async def aclose(self) -> None:
         """Stop the writer; call it after every event log using it has closed."""

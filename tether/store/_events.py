@@ -9,6 +9,14 @@ On PostgreSQL the three statements that run for every commit of events and every
 catch-up (the insert with its ``NOTIFY``, the read of new events, a run's last seq) are SQL of
 their own, prepared once per connection, each one statement in autocommit where it stands alone:
 one round trip, and none of the per-statement work of compiling a Core statement's values.
+
+**Fenced by the lease.** An executor's events (:meth:`EventStore.append_event_batches`, the
+group commit) are written only for the runs this process still holds (``runs.executor_id``),
+checked in the insert itself under a share lock on each run's row. A process that stalled past
+its lease (a loaded machine, a long GC pause) and lost a run to another process can therefore
+never write into the new executor's log: the takeover's update of ``executor_id`` waits for an
+insert that locked the row first (so the new executor reads the run's last seq after it), and an
+insert that comes after the takeover writes nothing for that run and says so.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from . import _notify as channels
 from ._engine import Reading, StoreBase, Writing
 from ._pgdirect import DirectConnection
 from ._sqlite import run_sql
-from ._tables import Hot, events
+from ._tables import Hot, events, runs
 
 __all__ = ["EventStore"]
 
@@ -33,32 +41,35 @@ __all__ = ["EventStore"]
 class EventStore(StoreBase):
     """Event log operations of :class:`~tether.store.Store`."""
 
-    async def append_events(self, run_id: str, batch: Sequence[StoredEvent]) -> None:
-        """Append a batch of one run's events in one transaction."""
-        await self.append_event_batches([(run_id, batch)])
+    async def append_events(self, run_id: str, batch: Sequence[StoredEvent]) -> frozenset[str]:
+        """Append a batch of one run's events in one transaction, as its executor (see
+        :meth:`append_event_batches`)."""
+        return await self.append_event_batches([(run_id, batch)])
 
-    async def append_event_batches(self, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
+    async def append_event_batches(self, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> frozenset[str]:
         """Append batches of several runs' events in one transaction (the group commit across
-        runs): all of them are durable, or none."""
+        runs), as their executor: all of them are durable, or none — except those of runs this
+        process no longer executes (taken over by another process while it stalled), which are
+        not written. Returns those runs (always none on SQLite: one process executes them all)."""
         batches = [(run_id, batch) for run_id, batch in batches if batch]
         if not batches:
-            return
+            return frozenset()
         if self._sqlite is not None:
             assert self._write_lock is not None
             async with self._write_lock:
                 await self._sqlite.write_in_thread(lambda raw: _insert_events_sqlite(functools.partial(run_sql, raw), batches))
-            return
+            return frozenset()
         if self._event_writer is not None:
             # One statement, atomic on its own: autocommit, one round trip, on the writer's own
             # connection (a crowd of starts or ends holding the shared pool does not delay it).
             async with self._event_writer.connection() as direct:
-                await self._insert_events_postgres(direct, batches)
-            return
+                return await self._insert_held_events_postgres(direct, batches)
         async with self._writing() as conn:  # an in-memory SQLite database, on the async driver's connection
             from sqlalchemy.ext.asyncio import AsyncConnection
 
             assert isinstance(conn, AsyncConnection)
             await conn.run_sync(lambda sync_conn: _insert_events_sqlite(sync_conn.exec_driver_sql, batches))
+        return frozenset()
 
     async def read_events(self, run_id: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Events with ``seq > after_seq``, in order."""
@@ -109,6 +120,32 @@ class EventStore(StoreBase):
             ),
         )
 
+    async def _insert_held_events_postgres(self, conn: DirectConnection, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> frozenset[str]:
+        """``_insert_events_postgres`` for the runs this process holds only (the module
+        docstring says why); returns the runs it did not write. The notification goes out with
+        the insert when every run was written; else (a rare stall) the written runs' in a second
+        statement, so none announces an event that was not written."""
+        rows = [(run_id, e) for run_id, batch in batches for e in batch]
+        last = [(run_id, batch[-1].seq) for run_id, batch in batches]
+        held = await conn.exec_driver_sql(
+            _INSERT_HELD_AND_NOTIFY_PG,
+            (
+                [run_id for run_id, _e in rows],
+                [e.seq for _run_id, e in rows],
+                [e.type for _run_id, e in rows],
+                [e.envelope for _run_id, e in rows],
+                channels.EVENTS_CHANNEL,
+                channels.events_payloads(self.instance_id, last),
+                self.instance_id,
+                len({run_id for run_id, _seq in last}),
+            ),
+        )
+        lost = frozenset(run_id for run_id, _seq in last) - {row[0] for row in held}
+        if lost and len(lost) < len(last):
+            written = [(run_id, seq) for run_id, seq in last if run_id not in lost]
+            await conn.exec_driver_sql(_NOTIFY_PG, (channels.EVENTS_CHANNEL, channels.events_payloads(self.instance_id, written)))
+        return lost
+
     @staticmethod
     async def _next_seq(conn: Reading, run_id: str) -> int:
         """The seq the run's next event gets, read in the caller's transaction."""
@@ -136,6 +173,19 @@ _INSERT_AND_NOTIFY_PG = (
     " SELECT * FROM unnest($1::varchar[], $2::int[], $3::varchar[], $4::text[]))"
     " SELECT pg_notify($5, p) FROM unnest($6::text[]) AS p"
 )
+#: The executor's form of it (the group commit): only the events of the runs whose row says this
+#: process ($7) executes them, each row share-locked so a takeover's update waits for this insert;
+#: the notifications only when all $8 runs were held. Answers the runs it wrote.
+_INSERT_HELD_AND_NOTIFY_PG = (
+    f"WITH held AS (SELECT id FROM {runs.name} WHERE id = ANY($1::varchar[]) AND executor_id = $7 FOR SHARE),"
+    f" inserted AS (INSERT INTO {events.name} (run_id, seq, type, envelope)"
+    " SELECT b.run_id, b.seq, b.type, b.envelope"
+    " FROM unnest($1::varchar[], $2::int[], $3::varchar[], $4::text[]) AS b(run_id, seq, type, envelope)"
+    " WHERE b.run_id IN (SELECT id FROM held)),"
+    " notified AS (SELECT pg_notify($5, p) FROM unnest($6::text[]) AS p WHERE (SELECT count(*) FROM held) = $8)"
+    " SELECT id, (SELECT count(*) FROM notified) FROM held"
+)
+_NOTIFY_PG = "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p"
 
 
 async def _last_seq(conn: Reading, run_id: str) -> int:
