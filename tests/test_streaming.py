@@ -324,13 +324,13 @@ async def test_fifty_clients_following_the_same_live_run_all_receive_the_identic
     store, bus = server.app.state.store, server.app.state.runtime.bus
     append_event_batches = store.append_event_batches
 
-    async def tokens_once_all_follow(batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> None:
+    async def tokens_once_all_follow(batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> frozenset[str]:
         for run_id, batch in batches:
             if any(e.type == "token" for e in batch):
                 with anyio.fail_after(20):
                     while bus.subscriber_count(run_id) < 50:
                         await anyio.sleep(0.005)
-        await append_event_batches(batches)
+        return await append_event_batches(batches)
 
     store.append_event_batches = tokens_once_all_follow
     try:
