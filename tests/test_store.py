@@ -769,7 +769,7 @@ async def test_after_slow_commits_the_writer_rests_only_while_many_runs_have_an_
     monkeypatch.setattr(store, "append_event_batches", slow_commit)
     bus = LocalBus()
 
-    async def stream(writer: GroupCommit, runs: int, events: int, pause: Callable[[EventLog], Awaitable[None]]) -> int:
+    async def stream(writer: GroupCommit, runs: int, events: int, pause: Callable[[GroupCommit, EventLog], Awaitable[None]]) -> int:
         """The writer's rests until the first run has emitted its last event (the runs' ends, one
         after the other, trickle like a slow stream would)."""
         logs = [EventLog(store, bus, (await start_run(store, await store.create_thread(owner="alice")))[0].id, next_seq=2, writer=writer) for _ in range(runs)]
@@ -778,7 +778,7 @@ async def test_after_slow_commits_the_writer_rests_only_while_many_runs_have_an_
         async def one(event_log: EventLog) -> None:
             for n in range(events):
                 event_log.emit_delta("token", "m", f"{n}")
-                await pause(event_log)
+                await pause(writer, event_log)
             rests.append(writer.rests)
             await event_log.wait_for_idle()
 
@@ -791,13 +791,19 @@ async def test_after_slow_commits_the_writer_rests_only_while_many_runs_have_an_
 
     pace = random.Random(15)
 
-    async def model_pace(_log: EventLog) -> None:  # a token every 5–15 ms: a run has one, or none, per commit
-        await asyncio.sleep(pace.uniform(0.005, 0.015))
+    async def model_pace(writer: GroupCommit, _log: EventLog) -> None:
+        # A model slower than the commits: a run has one event per commit. Paced by the writer's
+        # commits, not by a clock: on a loaded machine a commit may take longer than a
+        # clock-paced stream's every token (it once took all of them in two commits). The event
+        # just emitted is queued, so a commit always comes.
+        seen = writer.transactions
+        while writer.transactions == seen:
+            await asyncio.sleep(pace.uniform(0.001, 0.003))
 
-    async def fast_model(_log: EventLog) -> None:  # several tokens per run during every commit
+    async def fast_model(_writer: GroupCommit, _log: EventLog) -> None:  # several tokens per run during every commit
         await asyncio.sleep(0.0005)
 
-    async def until_committed(event_log: EventLog) -> None:
+    async def until_committed(_writer: GroupCommit, event_log: EventLog) -> None:
         await event_log.wait_for_idle()
 
     # (writer's rests expected, runs, events per run, what each run does after an event)
