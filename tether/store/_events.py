@@ -107,38 +107,17 @@ class EventStore(StoreBase):
         """Insert the batches and announce each run's newest seq (one notification for them
         all), in one statement: one round trip, one prepared statement whatever the number of
         rows (they travel as arrays)."""
-        rows = [(run_id, e) for run_id, batch in batches for e in batch]
-        await conn.exec_driver_sql(
-            _INSERT_AND_NOTIFY_PG,
-            (
-                [run_id for run_id, _e in rows],
-                [e.seq for _run_id, e in rows],
-                [e.type for _run_id, e in rows],
-                [e.envelope for _run_id, e in rows],
-                channels.EVENTS_CHANNEL,
-                channels.events_payloads(self.instance_id, [(run_id, batch[-1].seq) for run_id, batch in batches if batch]),
-            ),
-        )
+        await conn.exec_driver_sql(_INSERT_AND_NOTIFY_PG, _insert_parameters(self.instance_id, batches))
 
     async def _insert_held_events_postgres(self, conn: DirectConnection, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> frozenset[str]:
         """``_insert_events_postgres`` for the runs this process holds only (the module
         docstring says why); returns the runs it did not write. The notification goes out with
         the insert when every run was written; else (a rare stall) the written runs' in a second
         statement, so none announces an event that was not written."""
-        rows = [(run_id, e) for run_id, batch in batches for e in batch]
         last = [(run_id, batch[-1].seq) for run_id, batch in batches]
         held = await conn.exec_driver_sql(
             _INSERT_HELD_AND_NOTIFY_PG,
-            (
-                [run_id for run_id, _e in rows],
-                [e.seq for _run_id, e in rows],
-                [e.type for _run_id, e in rows],
-                [e.envelope for _run_id, e in rows],
-                channels.EVENTS_CHANNEL,
-                channels.events_payloads(self.instance_id, last),
-                self.instance_id,
-                len({run_id for run_id, _seq in last}),
-            ),
+            (*_insert_parameters(self.instance_id, batches), self.instance_id, len({run_id for run_id, _seq in last})),
         )
         lost = frozenset(run_id for run_id, _seq in last) - {row[0] for row in held}
         if lost and len(lost) < len(last):
@@ -150,6 +129,20 @@ class EventStore(StoreBase):
     async def _next_seq(conn: Reading, run_id: str) -> int:
         """The seq the run's next event gets, read in the caller's transaction."""
         return await _last_seq(conn, run_id) + 1
+
+
+def _insert_parameters(origin: str, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> tuple[Any, ...]:
+    """$1–$6 of both PostgreSQL inserts: the events as column arrays, the channel, and the
+    payloads announcing each run's newest seq."""
+    rows = [(run_id, e) for run_id, batch in batches for e in batch]
+    return (
+        [run_id for run_id, _e in rows],
+        [e.seq for _run_id, e in rows],
+        [e.type for _run_id, e in rows],
+        [e.envelope for _run_id, e in rows],
+        channels.EVENTS_CHANNEL,
+        channels.events_payloads(origin, [(run_id, batch[-1].seq) for run_id, batch in batches if batch]),
+    )
 
 
 #: ``read_events``, built once (followers run it on every catch-up).
