@@ -27,7 +27,10 @@ async def test_metrics_count_runs_by_status_pending_interrupts_and_live_streams(
         thread = (await http.post("/v1/threads")).json()["id"]
         waiting = (await http.post(f"/v1/threads/{thread}/runs", json={"input": {"content": "refund 3 on order Z1"}})).json()
         other = (await http.post("/v1/threads")).json()["id"]
-        slow = (await http.post(f"/v1/threads/{other}/runs", json={"input": {"content": script({"tokens": 400, "delay_ms": 5})}})).json()
+        # 4000 tokens 5 ms apart: still streaming when the checks below are made on a loaded
+        # machine (the 2 s of 400 tokens were once over before the poll saw both counts); the
+        # hard cancel at the end stops it.
+        slow = (await http.post(f"/v1/threads/{other}/runs", json={"input": {"content": script({"tokens": 4000, "delay_ms": 5})}})).json()
         followed = anyio.Event()
 
         async def follow() -> None:  # a client reading the slow run's stream
@@ -42,7 +45,8 @@ async def test_metrics_count_runs_by_status_pending_interrupts_and_live_streams(
                 while True:
                     response = await http.get("/metrics")
                     now = _values(response.text)
-                    if now['tether_runs{status="waiting_human"}'] == 1 and now["tether_event_streams"] == 1:
+                    # The waiting run's task ends just after its status is stored: wait for both.
+                    if now['tether_runs{status="waiting_human"}'] == 1 and now["tether_event_streams"] == 1 and now["tether_executing_runs"] == 1:
                         break
                     await anyio.sleep(0.05)
             assert response.headers["content-type"].startswith("text/plain")

@@ -800,8 +800,19 @@ async def test_after_slow_commits_the_writer_rests_only_while_many_runs_have_an_
         while writer.transactions == seen:
             await asyncio.sleep(pace.uniform(0.001, 0.003))
 
-    async def fast_model(_writer: GroupCommit, _log: EventLog) -> None:  # several tokens per run during every commit
-        await asyncio.sleep(0.0005)
+    emitted: dict[EventLog, int] = {}
+
+    async def fast_model(writer: GroupCommit, event_log: EventLog) -> None:
+        # A model faster than the store: four tokens per run during every commit. Queued four at
+        # a time without yielding, so the writer never finds a run part-way through its four
+        # (paced by a clock, a loaded machine once stalled the runs long enough that a commit
+        # found one run with a single event queued, and the writer rested).
+        emitted[event_log] = emitted.get(event_log, 0) + 1
+        if emitted[event_log] % 4:
+            return
+        seen = writer.transactions
+        while writer.transactions == seen:
+            await asyncio.sleep(0.0005)
 
     async def until_committed(_writer: GroupCommit, event_log: EventLog) -> None:
         await event_log.wait_for_idle()
