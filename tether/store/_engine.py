@@ -33,6 +33,7 @@ from sqlalchemy import event as sa_event
 from .._ids import new_id, utcnow
 from ..errors import Overloaded
 from ._pgdirect import DIRECT_CONNECTIONS, EVENT_WRITER_CONNECTIONS, DirectConnection, DirectPool
+from ._refused import patiently
 from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 from ._writelock import WriteLock
 
@@ -54,6 +55,9 @@ Reading: TypeAlias = "ThreadedReader | InlineReader | InlineWriter | DirectConne
 #: tables); with the direct pool's (``_pgdirect``: the store's own operations), the event
 #: writer's and the bus's ``LISTEN`` connection, a process holds at most 16.
 POOL_CONNECTIONS = 15 - DIRECT_CONNECTIONS - EVENT_WRITER_CONNECTIONS
+#: How long a checkout waits for a free connection of that pool (or for the server to have room
+#: for a new one) before the process is overloaded.
+_POOL_TIMEOUT_S = 30.0
 
 
 def normalize_db_url(url: str) -> str:
@@ -284,13 +288,13 @@ class StoreBase:
         async with contextlib.AsyncExitStack() as stack:
             if self._write_lock is not None:
                 await stack.enter_async_context(self._write_lock)
-            yield await _checked_out(stack, self.engine.begin())
+            yield await _checked_out(stack, self.engine.begin)
 
     @contextlib.asynccontextmanager
     async def _async_reading(self) -> AsyncIterator[AsyncConnection]:
         """A pooled connection of SQLAlchemy's engine."""
         async with contextlib.AsyncExitStack() as stack:
-            yield await _checked_out(stack, self.engine.connect())
+            yield await _checked_out(stack, self.engine.connect)
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A write transaction (serialised on SQLite), for an agent's own tables."""
@@ -319,7 +323,7 @@ def _async_engine(url: sa.engine.URL) -> AsyncEngine:
         # closed as soon as it is returned, would be opened again under the next burst, and
         # each new connection pays a TCP and SSL handshake, asyncpg's type introspection and
         # the preparing of every statement anew.
-        engine = create_async_engine(url, pool_size=POOL_CONNECTIONS, max_overflow=0)
+        engine = create_async_engine(url, pool_size=POOL_CONNECTIONS, max_overflow=0, pool_timeout=_POOL_TIMEOUT_S)
         sa_event.listen(engine.sync_engine, "checkout", _refuse_closed_connection)
     return engine
 
@@ -363,10 +367,16 @@ async def _process_migration_lock() -> AsyncIterator[None]:
         _MIGRATION_LOCK.release()
 
 
-async def _checked_out(stack: contextlib.AsyncExitStack, connecting: contextlib.AbstractAsyncContextManager[AsyncConnection]) -> AsyncConnection:
+async def _checked_out(stack: contextlib.AsyncExitStack, connecting: Callable[[], contextlib.AbstractAsyncContextManager[AsyncConnection]]) -> AsyncConnection:
     """A connection from the pool; a pool that stays exhausted past its timeout (the process
-    is overloaded) is :class:`~tether.errors.Overloaded`, not an internal error."""
+    is overloaded), or a server that refuses a new connection for want of room for as long
+    (``_refused``), is :class:`~tether.errors.Overloaded`, not an internal error."""
+    busy = "every database connection of this process is busy, or the database has no room for another; try again shortly"
+
+    async def enter(_left: float) -> AsyncConnection:  # the pool keeps its own timeout
+        return await stack.enter_async_context(connecting())
+
     try:
-        return await stack.enter_async_context(connecting)
+        return await patiently(enter, timeout_s=_POOL_TIMEOUT_S, busy=busy)
     except sa.exc.TimeoutError as exc:
-        raise Overloaded("every database connection of this process is busy; try again shortly", code="database_busy", retry_after_s=1.0) from exc
+        raise Overloaded(busy, code="database_busy", retry_after_s=1.0) from exc

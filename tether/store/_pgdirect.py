@@ -19,7 +19,8 @@ costs a handshake, asyncpg's type introspection and every statement prepared ane
 the server closed is replaced when it is next acquired (asyncpg sees the closed socket first).
 Nothing is sent at a release: asyncpg's default reset (``RESET ALL`` and more) would be a round
 trip per operation, and an open transaction is rolled back either way. A pool that stays
-exhausted past its timeout is :class:`~tether.errors.Overloaded`.
+exhausted past its timeout is :class:`~tether.errors.Overloaded`; so is a server that refused a
+new connection for want of room (``max_connections``) for as long (``_refused``).
 
 The commits of the runs' events (the group commit) have a pool of their own, of one
 connection: when hundreds of runs start or end at once, their transactions queue for the
@@ -40,6 +41,7 @@ import sqlalchemy as sa
 
 from ..errors import Overloaded
 from ._plans import DirectResult, Plans
+from ._refused import patiently
 from ._tables import Hot
 
 if TYPE_CHECKING:
@@ -57,6 +59,8 @@ EVENT_WRITER_CONNECTIONS = 1
 
 #: How long an acquire waits for a free connection before the process is overloaded.
 _ACQUIRE_TIMEOUT_S = 30.0
+
+_BUSY = "every database connection of this process is busy, or the database has no room for another; try again shortly"
 
 #: How long closing waits for connections still in use before it closes them at once.
 _CLOSE_WAIT_S = 2.0
@@ -154,9 +158,11 @@ class DirectPool:
         """A connection on which each statement is its own transaction (autocommit)."""
         pool, plans = await self._opened()
         try:
-            conn = await pool.acquire(timeout=_ACQUIRE_TIMEOUT_S)
+            # A connection the pool must open may be refused while the server has no room for
+            # it: that waits too, within the same timeout (``_refused``).
+            conn = await patiently(lambda left: pool.acquire(timeout=left), timeout_s=_ACQUIRE_TIMEOUT_S, busy=_BUSY)
         except TimeoutError as exc:
-            raise Overloaded("every database connection of this process is busy; try again shortly", code="database_busy", retry_after_s=1.0) from exc
+            raise Overloaded(_BUSY, code="database_busy", retry_after_s=1.0) from exc
         try:
             yield DirectConnection(conn, plans)
         finally:
