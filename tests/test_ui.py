@@ -684,9 +684,11 @@ def test_editing_a_message_forks_and_the_branch_switcher_shows_each_path(page: P
 
 def test_a_correction_joins_the_running_run_and_regenerate_adds_a_second_answer(page: Page, server: LiveServer, api: httpx.Client) -> None:
     open_ui(page, server)
-    # Call 1 streams for a while; call 2 (made because a steering message arrived) echoes the
-    # history it was given, so the page can show that the correction reached the model.
-    send(page, script({"tokens": 120, "delay_ms": 20}, {"echo": True}))
+    # Call 1 streams for a while (8 s: a loaded machine once took the 2.4 s of 120 tokens to
+    # show the page streaming, and the run was over before it could be steered); call 2 (made
+    # because a steering message arrived) echoes the history it was given, so the page can
+    # show that the correction reached the model.
+    send(page, script({"tokens": 400, "delay_ms": 20}, {"echo": True}))
     expect(page.locator(".live-run .msg.assistant .text")).to_contain_text("t5 ")
     expect(page.locator("#send")).to_have_text("Send to steer")
     page.locator("#input").fill("Actually, make it shorter.")
@@ -695,7 +697,7 @@ def test_a_correction_joins_the_running_run_and_regenerate_adds_a_second_answer(
     expect(correction.locator(".text")).to_have_text("Actually, make it shorter.")
     expect(page.locator("#input")).to_have_value("")
 
-    expect(conn(page)).to_have_attribute("data-state", "completed")
+    expect(conn(page)).to_have_attribute("data-state", "completed", timeout=40_000)  # the rest of call 1, then call 2
     wait_settled(page)
     thread = thread_id(page)
     final = page.locator("#chat .msg.assistant").last
