@@ -229,6 +229,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A port where every connection is refused for as long as the block runs: bound, never
+    listened on. (A port from :func:`free_port` is free only for a moment: a server another
+    test starts meanwhile may take it and answer.)"""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
 class ServerProcess:
     """``tether demo`` in a child process (for tests that kill the server). ``python_args`` run
     the CLI (``-c`` code that patches something first, then calls ``tether.cli.main()``)."""

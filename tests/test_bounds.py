@@ -30,7 +30,7 @@ from tether.runtime import LocalBus
 from tether.server import Limits
 from tether.store import MessageRecord, Store
 
-from .conftest import LiveServer, free_port, script, sqlite_url
+from .conftest import LiveServer, refusing_port, script, sqlite_url
 
 pytestmark = pytest.mark.anyio
 
@@ -443,7 +443,11 @@ async def test_a_reader_that_stops_reading_is_cut_with_a_comment_and_resumes_gap
 
 
 async def test_the_client_gives_up_with_a_clear_error_when_the_server_is_gone() -> None:
-    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with refusing_port() as port:  # nothing listens there, nor can start to
+        await _client_gives_up(f"http://127.0.0.1:{port}")
+
+
+async def _client_gives_up(url: str) -> None:
     async with AsyncClient(url, max_retries=3, retry_deadline_s=30) as client:
         with anyio.fail_after(30):
             with pytest.raises(ServerUnreachable) as gave_up:

@@ -22,7 +22,7 @@ from tether.demo import build_demo_agent
 from tether.models.scripted import ScriptedModel
 from tether.webhooks import Endpoint, WebhookSettings, check_secret, parse_endpoint
 
-from .conftest import LiveServer, free_port, script
+from .conftest import LiveServer, refusing_port, script
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 pytestmark = pytest.mark.anyio
@@ -207,7 +207,13 @@ async def test_a_lost_race_writes_no_notification(db_url: str) -> None:
 
 
 async def test_a_dead_receiver_ends_failed_and_can_be_redelivered(sqlite_db_url: str) -> None:
-    dead = f"http://127.0.0.1:{free_port()}/hook"
+    # Refused for the whole test: a port that was merely free once went to another test's
+    # server in a CI run, and an attempt got its answer.
+    with refusing_port() as port:
+        await _dead_receiver_ends_failed_and_can_be_redelivered(sqlite_db_url, f"http://127.0.0.1:{port}/hook")
+
+
+async def _dead_receiver_ends_failed_and_can_be_redelivered(sqlite_db_url: str, dead: str) -> None:
     server = LiveServer(build_demo_agent(ScriptedModel()), sqlite_db_url, webhooks=settings(dead, schedule=(0.0, 0.05, 0.05))).start()
     try:
         async with AsyncClient(server.url) as client, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
@@ -224,7 +230,7 @@ async def test_a_dead_receiver_ends_failed_and_can_be_redelivered(sqlite_db_url:
                 await asyncio.sleep(0.05)
             assert found[0]["type"] == "run.completed" and found[0]["attempts"] == 3
             one = (await http.get(f"/v1/webhooks/deliveries/{found[0]['id']}")).json()
-            assert all(a["status_code"] is None and a["error"] for a in one["attempt_log"])
+            assert all(a["status_code"] is None and a["error"] for a in one["attempt_log"]), one["attempt_log"]
             again = await http.post(f"/v1/webhooks/deliveries/{found[0]['id']}/redeliver")
             assert again.status_code == 200 and again.json()["status"] == "pending"
             assert (await http.get("/v1/webhooks/deliveries/msg_nope")).json()["error"]["code"] == "delivery_not_found"
