@@ -31,9 +31,8 @@ import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 
 from .._ids import new_id, utcnow
-from ..errors import Overloaded
 from ._pgdirect import DIRECT_CONNECTIONS, EVENT_WRITER_CONNECTIONS, DirectConnection, DirectPool
-from ._refused import patiently
+from ._refused import database_busy, patiently
 from ._sqlite import InlineReader, InlineWriter, SQLiteConnections, ThreadedReader, sqlite_pragmas
 from ._writelock import WriteLock
 
@@ -371,12 +370,11 @@ async def _checked_out(stack: contextlib.AsyncExitStack, connecting: Callable[[]
     """A connection from the pool; a pool that stays exhausted past its timeout (the process
     is overloaded), or a server that refuses a new connection for want of room for as long
     (``_refused``), is :class:`~tether.errors.Overloaded`, not an internal error."""
-    busy = "every database connection of this process is busy, or the database has no room for another; try again shortly"
 
     async def enter(_left: float) -> AsyncConnection:  # the pool keeps its own timeout
         return await stack.enter_async_context(connecting())
 
     try:
-        return await patiently(enter, timeout_s=_POOL_TIMEOUT_S, busy=busy)
+        return await patiently(enter, timeout_s=_POOL_TIMEOUT_S)
     except sa.exc.TimeoutError as exc:
-        raise Overloaded(busy, code="database_busy", retry_after_s=1.0) from exc
+        raise database_busy() from exc

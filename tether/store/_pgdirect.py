@@ -39,9 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ..errors import Overloaded
 from ._plans import DirectResult, Plans
-from ._refused import patiently
+from ._refused import database_busy, patiently
 from ._tables import Hot
 
 if TYPE_CHECKING:
@@ -59,8 +58,6 @@ EVENT_WRITER_CONNECTIONS = 1
 
 #: How long an acquire waits for a free connection before the process is overloaded.
 _ACQUIRE_TIMEOUT_S = 30.0
-
-_BUSY = "every database connection of this process is busy, or the database has no room for another; try again shortly"
 
 #: How long closing waits for connections still in use before it closes them at once.
 _CLOSE_WAIT_S = 2.0
@@ -160,9 +157,9 @@ class DirectPool:
         try:
             # A connection the pool must open may be refused while the server has no room for
             # it: that waits too, within the same timeout (``_refused``).
-            conn = await patiently(lambda left: pool.acquire(timeout=left), timeout_s=_ACQUIRE_TIMEOUT_S, busy=_BUSY)
+            conn = await patiently(lambda left: pool.acquire(timeout=left), timeout_s=_ACQUIRE_TIMEOUT_S)
         except TimeoutError as exc:
-            raise Overloaded(_BUSY, code="database_busy", retry_after_s=1.0) from exc
+            raise database_busy() from exc
         try:
             yield DirectConnection(conn, plans)
         finally:

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from ..errors import Overloaded
 
-__all__ = ["patiently", "refused_for_room"]
+__all__ = ["database_busy", "patiently", "refused_for_room"]
 
 log = logging.getLogger("tether.store")
 
@@ -36,6 +36,16 @@ _WARN_EVERY_S = 10.0
 _last_warning = -_WARN_EVERY_S
 
 
+def database_busy() -> Overloaded:
+    """What an operation gets when no connection came within its pool's timeout: every one of
+    the process's was busy, or the server had no room for a new one."""
+    return Overloaded(
+        "every database connection of this process is busy, or the database has no room for another; try again shortly",
+        code="database_busy",
+        retry_after_s=1.0,
+    )
+
+
 def refused_for_room(exc: BaseException) -> bool:
     """Whether ``exc`` (asyncpg's, or SQLAlchemy's wrapping of it) is PostgreSQL refusing a
     connection for want of room (see the module docstring)."""
@@ -49,10 +59,9 @@ def refused_for_room(exc: BaseException) -> bool:
     return False
 
 
-async def patiently(open_one: Callable[[float], Awaitable[T]], *, timeout_s: float, busy: str) -> T:
+async def patiently(open_one: Callable[[float], Awaitable[T]], *, timeout_s: float) -> T:
     """``open_one(seconds_left)``, again with backoff while the server refuses for want of room,
-    for up to ``timeout_s`` in all; then :class:`~tether.errors.Overloaded` with ``busy`` as its
-    message."""
+    for up to ``timeout_s`` in all; then :func:`database_busy`."""
     global _last_warning
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -65,7 +74,7 @@ async def patiently(open_one: Callable[[float], Awaitable[T]], *, timeout_s: flo
                 raise
             if loop.time() + wait > deadline:
                 log.warning("PostgreSQL still refused a new connection after %.0f s: %s", timeout_s, exc)
-                raise Overloaded(busy, code="database_busy", retry_after_s=1.0) from exc
+                raise database_busy() from exc
             if time.monotonic() - _last_warning >= _WARN_EVERY_S:
                 _last_warning = time.monotonic()
                 log.warning(
